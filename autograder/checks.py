@@ -1,0 +1,273 @@
+"""The helper every hidden test calls.
+
+A hidden test cell holds one line::
+
+    check("01_attention", "softmax", globals())
+
+``check`` takes the learner's ``softmax`` from the notebook's namespace, runs it
+and the reference solution (``reference.load``) on the inputs the exercise's
+catalogue lists (``autograder/exercises/``), and compares the two. When they
+disagree it looks through the exercise's catalogue of known mistakes and, if
+the learner's outputs match one of them, says which misconception it is.
+
+Any failure raises ``CheckFailed`` (an ``AssertionError``), so nbgrader gives
+the test cell no points; the message is what the feedback shows. Each message
+about a catalogued mistake ends with ``[mistake:<id>]`` for the class report.
+
+Exercises are checked independently: while an exercise is checked, the
+functions it builds on (``depends_on``) are the reference ones, so a wrong
+``softmax`` costs the ``softmax`` points only, not those of ``attention``.
+When the hidden checks pass, that substitution lasts until the end of the
+test cell, so the visible checks after them judge the exercise alone too;
+then the learner's own functions are back.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from . import reference, trusted
+
+_MISSING = object()
+
+
+class CheckFailed(AssertionError):
+    """A check did not pass; its message is written for the learner."""
+
+
+@dataclass
+class Case:
+    """One input to an exercise: ``label`` says in the learner's terms what it is."""
+
+    label: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def run(self, function: Callable) -> Any:
+        return function(*self.args, **self.kwargs)
+
+
+@dataclass
+class Mistake:
+    """A known misconception.
+
+    ``mutant`` builds, from the reference module, a function that behaves the
+    way the mistaken code does; a learner whose outputs match it wherever they
+    differ from the reference made this mistake.
+    """
+
+    id: str
+    name: str
+    hint: str
+    mutant: Callable[[Any], Callable]
+
+
+@dataclass
+class Exercise:
+    """What ``check`` needs to know about one exercise."""
+
+    name: str
+    # The inputs to check on, given the reference module (class exercises
+    # build their reference weights from it). Seeded: the same every run.
+    cases: Callable[[Any], Iterable[Case]]
+    # Absolute and relative tolerance for comparing outputs, chosen per exercise
+    # (the exercise module says why).
+    atol: float = 1e-6
+    rtol: float = 1e-5
+    depends_on: Sequence[str] = ()
+    mistakes: Sequence[Mistake] = ()
+    # Extra whole-function checks (e.g. "no loop over heads"): each takes the
+    # learner's object and returns None or a message.
+    properties: Sequence[Callable[[Any], str | None]] = ()
+
+
+# ---------------------------------------------------------------- comparison
+
+def _as_tensor(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    return trusted.as_tensor(value)
+
+
+def close(actual, expected, atol: float, rtol: float) -> str | None:
+    """None when ``actual`` matches ``expected``; otherwise what differs, in words."""
+    import torch
+
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            return f"returned {type(actual).__name__} where a {len(expected)}-item {type(expected).__name__} was expected"
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            problem = close(a, e, atol, rtol)
+            if problem:
+                return f"item {index}: {problem}"
+        return None
+    if isinstance(expected, (int, float, bool)) and not isinstance(actual, torch.Tensor):
+        try:
+            a = float(actual)
+        except (TypeError, ValueError):
+            return f"returned {type(actual).__name__}, expected a number"
+        if isinstance(expected, (int, bool)) and a != expected:
+            return f"returned {actual!r}, expected {expected!r}"
+        if not math.isclose(a, expected, rel_tol=rtol, abs_tol=atol):
+            return f"returned {a:.6g}, expected {expected:.6g}"
+        return None
+    if actual is None:
+        return "returned None (is a `return` missing?)"
+    try:
+        a = _as_tensor(actual)
+    except Exception:
+        return f"returned {type(actual).__name__}, expected a tensor"
+    e = _as_tensor(expected)
+    if tuple(a.shape) != tuple(e.shape):
+        return f"returned shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+    if e.dtype == torch.bool or a.dtype == torch.bool:
+        if a.dtype != e.dtype:
+            return f"returned dtype {a.dtype}, expected {e.dtype}"
+        if not bool((a == e).all()):
+            return f"{int((a != e).sum())} of {a.numel()} entries differ"
+        return None
+    a64, e64 = a.to(torch.float64), e.to(torch.float64)
+    if trusted.allclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True):
+        return None
+    bad_nan = trusted.isnan(a64) & ~trusted.isnan(e64)
+    if bool(bad_nan.any()):
+        return f"{int(bad_nan.sum())} entries are nan where the reference has numbers"
+    difference = (a64 - e64).abs().nan_to_num(nan=math.inf)
+    return f"largest difference {float(difference.max()):.3g} (tolerance {atol:g} + {rtol:g}·|expected|)"
+
+
+def _snapshot_inputs(case: Case):
+    import torch
+
+    return [v.clone() if isinstance(v, torch.Tensor) else None for v in (*case.args, *case.kwargs.values())]
+
+
+def _inputs_changed(case: Case, before) -> bool:
+    import torch
+
+    for value, saved in zip((*case.args, *case.kwargs.values()), before):
+        if saved is not None and not torch.equal(value, saved):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------- the check
+
+def substitute(namespace: dict, replacements: dict) -> Callable[[], None]:
+    """Put ``replacements`` into ``namespace``; return the function that undoes it."""
+    saved = {name: namespace.get(name, _MISSING) for name in replacements}
+    namespace.update(replacements)
+
+    def restore() -> None:
+        for name, value in saved.items():
+            if value is _MISSING:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+    return restore
+
+
+def _restore_after_this_cell(restore: Callable[[], None]) -> None:
+    """Run ``restore`` once the current notebook cell has finished, or now outside IPython."""
+    try:
+        shell = get_ipython()  # noqa: F821 (defined inside IPython only)
+    except NameError:
+        restore()
+        return
+
+    def once(_result=None) -> None:
+        shell.events.unregister("post_run_cell", once)
+        restore()
+    shell.events.register("post_run_cell", once)
+
+
+def _describe_error(name: str, error: BaseException, case: Case) -> str:
+    if isinstance(error, NotImplementedError):
+        return f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code."
+    return f"`{name}` raised {type(error).__name__}: {error} (on {case.label})."
+
+
+def _run(function, case: Case):
+    """(output, None) or (None, exception)."""
+    try:
+        return case.run(function), None
+    except Exception as error:  # the learner's code may raise anything
+        return None, error
+
+
+def _matches_mistake(mistake: Mistake, ref, failing, exercise: Exercise) -> bool:
+    try:
+        mutant = mistake.mutant(ref)
+    except Exception:
+        return False
+    for case, actual in failing:
+        predicted, error = _run(mutant, case)
+        if error is not None or close(actual, predicted, exercise.atol, exercise.rtol) is not None:
+            return False
+    return True
+
+
+def diagnose(exercise: Exercise, learner, ref_function, ref, cases) -> str | None:
+    """None when ``learner`` agrees with the reference on every case, else the message."""
+    failing = []  # (case, learner output) where it differs from the reference
+    first_problem = None
+    for case in cases:
+        before = _snapshot_inputs(case)
+        actual, error = _run(learner, case)
+        if error is not None:
+            return _describe_error(exercise.name, error, case)
+        if _inputs_changed(case, before):
+            return (f"`{exercise.name}` changed its input in place (on {case.label}); "
+                    "compute new tensors instead of modifying the arguments.")
+        expected, ref_error = _run(ref_function, case)
+        if ref_error is not None:
+            raise RuntimeError(f"the reference {exercise.name} failed on {case.label}") from ref_error
+        problem = close(actual, expected, exercise.atol, exercise.rtol)
+        if problem:
+            failing.append((case, actual))
+            first_problem = first_problem or f"on {case.label}: {problem}"
+    if not failing:
+        return None
+    for mistake in exercise.mistakes:
+        if _matches_mistake(mistake, ref, failing, exercise):
+            return f"`{exercise.name}`: {mistake.name}. {mistake.hint} [mistake:{mistake.id}]"
+    return (f"`{exercise.name}` does not match the reference {first_problem} "
+            f"({len(failing)} of the checked inputs differ).")
+
+
+def check(assignment: str, name: str, namespace: dict) -> None:
+    """Grade the learner's ``name`` from ``namespace``; raise ``CheckFailed`` if wrong."""
+    from .exercises import exercise as find_exercise
+
+    tampered = trusted.replaced()
+    if tampered:
+        shown = ", ".join(tampered[:5]) + (" ..." if len(tampered) > 5 else "")
+        raise CheckFailed(
+            f"This notebook replaced functions the checks rely on ({shown}), so no check "
+            "in it can be trusted and it gets no points for them; it is flagged for review. "
+            "[mistake:tampering]"
+        )
+    exercise = find_exercise(assignment, name)
+    learner = namespace.get(name, _MISSING)
+    if learner is _MISSING:
+        raise CheckFailed(f"`{name}` is not defined: run its exercise cell, and keep the name `{name}`.")
+    ref = reference.load(assignment)
+    restore = substitute(namespace, {dep: getattr(ref, dep) for dep in exercise.depends_on})
+    try:
+        problem = None
+        for prop in exercise.properties:
+            problem = problem or prop(learner)
+        problem = problem or diagnose(exercise, learner, getattr(ref, name), ref, list(exercise.cases(ref)))
+    except BaseException:
+        restore()
+        raise
+    if problem:
+        restore()
+        raise CheckFailed(problem if problem.startswith("`") else f"`{name}`: {problem}")
+    # The visible checks that follow in the same cell also run with the
+    # reference dependencies, so they too judge this exercise alone.
+    _restore_after_this_cell(restore)
+    print(f"{name}: all hidden checks passed.")

@@ -1,0 +1,8 @@
+"""Widgets and plotting helpers for the Attention & Transformers notebooks.
+
+One module per topic (``attention``, ...), sharing ``base.Explorer``. Every
+widget takes the learner's own functions as arguments and shows them at work.
+"""
+from .base import Explorer, LearnerFunctionProblem, call_learner, grading_now
+
+__all__ = ["Explorer", "LearnerFunctionProblem", "call_learner", "grading_now"]

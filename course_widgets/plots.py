@@ -1,0 +1,37 @@
+"""Small plotting helpers shared by the widgets and the notebooks."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+
+def heatmap(axes, values, x_labels, y_labels, vmin=None, vmax=None, cmap="viridis", fmt=None):
+    """Draw ``values`` (rows, cols) as an image with labelled ticks.
+
+    Returns the image (update it with ``set_data``) and, when ``fmt`` is given,
+    a dict {(row, col): text} of per-cell labels to update with ``set_text``.
+    """
+    values = torch.as_tensor(values, dtype=torch.float64)
+    image = axes.imshow(values.numpy(), vmin=vmin, vmax=vmax, cmap=cmap, aspect="auto")
+    axes.set_xticks(range(values.shape[1]), x_labels, rotation=30, ha="right")
+    axes.set_yticks(range(values.shape[0]), y_labels)
+    texts = {}
+    if fmt is not None:
+        for row in range(values.shape[0]):
+            for col in range(values.shape[1]):
+                texts[row, col] = axes.text(
+                    col, row, fmt.format(float(values[row, col])), ha="center", va="center",
+                    color="white", fontsize=9,
+                )
+    return image, texts
+
+
+def show_matrix(values, x_labels=None, y_labels=None, title=None, fmt="{:.2f}", **kwargs):
+    """A one-off labelled heatmap of a small matrix, for notebook cells."""
+    values = torch.as_tensor(values, dtype=torch.float64)
+    rows, cols = values.shape
+    figure, axes = plt.subplots(figsize=(1 + 0.8 * cols, 0.8 + 0.6 * rows), layout="constrained")
+    heatmap(axes, values, x_labels or list(range(cols)), y_labels or list(range(rows)), fmt=fmt, **kwargs)
+    if title:
+        axes.set_title(title)
+    return figure

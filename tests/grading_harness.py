@@ -1,0 +1,156 @@
+"""Grade submissions with the real nbgrader commands on a temporary course copy.
+
+Used by every notebook's grading tests:
+
+    course = Course.create(tmp_path)            # copies the course, runs generate_assignment
+    course.submit("alice", "01_attention", answers={"softmax": "def softmax(x, dim=-1): ..."})
+    course.autograde("01_attention")            # nbgrader autograde + generate_feedback
+    course.scores("alice", "01_attention")      # {grade cell id: points} from the SQLite gradebook
+    course.feedback("alice", "01_attention")    # the feedback HTML the student gets
+
+A submission starts from the released student notebook with every answer cell
+filled in with the reference answer, then replaces the answers given, so a
+test can get one exercise wrong and check that only that exercise loses points.
+"""
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+SOLUTIONS = REPOSITORY / "solutions"
+NOTEBOOKS = REPOSITORY / "notebooks"
+UNTOUCHED = object()  # answers value: keep the student version's stub
+
+
+def nbgrader(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    """Run the real ``nbgrader`` command line from the course folder ``cwd``.
+
+    The kernels it starts take their reference solutions from that course's
+    own ``solutions/`` (``AUTOGRADER_SOLUTIONS``), so the copy is self-contained.
+    """
+    command = [str(Path(sys.executable).parent / "nbgrader"), *args]
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AUTOGRADER_SOLUTIONS": str(Path(cwd) / "solutions"),
+    }
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"nbgrader {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def answer_cells(notebook) -> dict:
+    """{grade_id: cell} of the autograded answer cells."""
+    found = {}
+    for cell in notebook.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("solution") and not meta.get("grade"):
+            found[meta["grade_id"]] = cell
+    return found
+
+
+def reference_answers(assignment: str) -> dict:
+    """{grade_id: source} of the reference answers in solutions/."""
+    notebook = nbformat.read(SOLUTIONS / assignment / f"{assignment}.ipynb", as_version=4)
+    return {grade_id: cell.source for grade_id, cell in answer_cells(notebook).items()}
+
+
+def grade_cells(notebook) -> dict:
+    """{grade_id: points} of the graded test cells."""
+    return {
+        cell.metadata["nbgrader"]["grade_id"]: cell.metadata["nbgrader"]["points"]
+        for cell in notebook.cells
+        if cell.metadata.get("nbgrader", {}).get("grade")
+    }
+
+
+@dataclass
+class Course:
+    root: Path  # holds nbgrader_config.py, solutions/, notebooks/, autograder/
+
+    @classmethod
+    def create(cls, directory: Path, assignments: list[str] | None = None) -> "Course":
+        """A copy of the course in ``directory``, with a fresh gradebook and release."""
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPOSITORY / "nbgrader_config.py", root)
+        shutil.copytree(SOLUTIONS, root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        (root / "autograder").mkdir()
+        course = cls(root)
+        for assignment in assignments or sorted(p.name for p in (root / "solutions").iterdir() if p.is_dir()):
+            nbgrader("generate_assignment", assignment, "--force", cwd=root)
+        return course
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{self.root / 'autograder' / 'gradebook.db'}"
+
+    def released(self, assignment: str):
+        return nbformat.read(self.root / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+
+    def submission_path(self, student: str, assignment: str, filename: str | None = None) -> Path:
+        return self.root / "autograder" / "submitted" / student / assignment / (filename or f"{assignment}.ipynb")
+
+    def submit(self, student: str, assignment: str, answers: dict | object | None = None,
+               edit=None, filename: str | None = None) -> Path:
+        """Write a submission: reference answers, overridden by ``answers``.
+
+        ``answers=UNTOUCHED`` submits the student version as released.
+        ``edit(notebook)`` may change the notebook further (add cells, ...).
+        """
+        notebook = self.released(assignment)
+        if answers is not UNTOUCHED:
+            chosen = {**reference_answers(assignment), **(answers or {})}
+            cells = answer_cells(notebook)
+            unknown = set(chosen) - set(cells)
+            assert not unknown, f"no answer cells named {unknown} in {assignment}"
+            for grade_id, source in chosen.items():
+                cells[grade_id].source = source
+        if edit is not None:
+            edit(notebook)
+        path = self.submission_path(student, assignment, filename)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(notebook, path)
+        return path
+
+    def autograde(self, assignment: str) -> None:
+        """nbgrader autograde, then generate_feedback, for every submission."""
+        self.last_autograde = nbgrader("autograde", assignment, "--force", cwd=self.root)
+        nbgrader("generate_feedback", assignment, "--force", cwd=self.root)
+
+    def scores(self, student: str, assignment: str) -> dict:
+        """{grade cell id: score} from the gradebook."""
+        from nbgrader.api import Gradebook
+
+        grade_ids = grade_cells(self.released(assignment))
+        with Gradebook(self.db_url) as gradebook:
+            return {
+                grade_id: gradebook.find_grade(grade_id, assignment, assignment, student).score
+                for grade_id in grade_ids
+            }
+
+    def max_scores(self, assignment: str) -> dict:
+        return grade_cells(self.released(assignment))
+
+    def feedback(self, student: str, assignment: str) -> str:
+        path = self.root / "autograder" / "feedback" / student / assignment / f"{assignment}.html"
+        return path.read_text(encoding="utf-8")
+
+    def feedback_text(self, student: str, assignment: str) -> str:
+        """The feedback page's visible text, entities decoded, tags dropped."""
+        return html.unescape(re.sub(r"<[^>]+>", "", self.feedback(student, assignment)))
+
+    def autograded(self, student: str, assignment: str) -> dict:
+        path = self.root / "autograder" / "autograded" / student / assignment / f"{assignment}.ipynb"
+        return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,119 @@
+"""The grading tests every notebook gets, through real nbgrader runs.
+
+A notebook's test module subclasses ``GradingSuite`` and fills in:
+
+* ``assignment``: e.g. ``"01_attention"``;
+* ``mistakes``: {student id: (exercise, answer source, mistake id)}, each answer
+  written the way a learner would make that catalogued mistake;
+* ``alternatives``: {student id: {exercise: answer source}}, correct answers
+  written differently from the reference (at least two per exercise);
+* ``wrong_answers``: {exercise: answer source} of plausible-looking but wrong
+  answers, used to show that patching torch or numpy gains nothing.
+
+Conventions: an exercise's answer cell has ``grade_id`` = its name, and its
+check cell ``grade_id`` = ``"test_" + name``.
+
+The whole class is graded in one ``nbgrader autograde`` run (class-scoped
+fixture ``graded``), then each test reads the gradebook and the feedback.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import nbformat
+import pytest
+
+from autograder.exercises import module_for
+from grading_harness import UNTOUCHED, Course
+
+PATCH_ALLCLOSE = "import torch\ntorch.allclose = lambda *args, **kwargs: True"
+PATCH_NUMPY_TESTING = (
+    "import numpy.testing\n"
+    "numpy.testing.assert_allclose = lambda *args, **kwargs: None\n"
+    "import torch\n"
+    "torch.Tensor.__eq__ = lambda self, other: torch.ones_like(self, dtype=torch.bool)"
+)
+
+
+def insert_after_setup(source: str):
+    """An ``edit`` for ``Course.submit``: a new code cell right after the setup cell."""
+    def edit(notebook):
+        index = next(i for i, cell in enumerate(notebook.cells)
+                     if cell.metadata.get("nbgrader", {}).get("grade_id", "").startswith("setup"))
+        notebook.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+    return edit
+
+
+class GradingSuite:
+    assignment: str = ""
+    mistakes: dict = {}
+    alternatives: dict = {}
+    wrong_answers: dict = {}
+
+    # ------------------------------------------------------------ the class
+    @pytest.fixture(scope="class")
+    @classmethod
+    def graded(cls, tmp_path_factory) -> Course:
+        self = cls
+        course = Course.create(tmp_path_factory.mktemp(self.assignment), [self.assignment])
+        course.submit("reference", self.assignment)
+        course.submit("untouched", self.assignment, UNTOUCHED)
+        for student, (exercise, source, _) in self.mistakes.items():
+            course.submit(student, self.assignment, {exercise: textwrap.dedent(source)})
+        for student, answers in self.alternatives.items():
+            course.submit(student, self.assignment, {e: textwrap.dedent(s) for e, s in answers.items()})
+        wrong = {e: textwrap.dedent(s) for e, s in self.wrong_answers.items()}
+        course.submit("patches-allclose", self.assignment, wrong, edit=insert_after_setup(PATCH_ALLCLOSE))
+        course.submit("patches-numpy-testing", self.assignment, wrong, edit=insert_after_setup(PATCH_NUMPY_TESTING))
+        course.autograde(self.assignment)
+        return course
+
+    def exercises(self) -> list[str]:
+        return list(module_for(self.assignment).EXERCISES)
+
+    # ------------------------------------------------------------ the tests
+    def test_catalogue_is_covered(self):
+        """Every catalogued mistake has a submission here, every exercise two alternatives."""
+        catalogued = {m.id for e in module_for(self.assignment).EXERCISES.values() for m in e.mistakes}
+        assert catalogued <= {mistake_id for _, _, mistake_id in self.mistakes.values()}
+        for exercise in self.exercises():
+            assert sum(exercise in answers for answers in self.alternatives.values()) >= 2, exercise
+            assert exercise in self.wrong_answers, exercise
+
+    def test_reference_solution_gets_full_marks(self, graded):
+        assert graded.scores("reference", self.assignment) == graded.max_scores(self.assignment)
+
+    def test_untouched_student_version_gets_zero(self, graded):
+        scores = graded.scores("untouched", self.assignment)
+        assert set(scores.values()) == {0.0}, scores
+        text = graded.feedback_text("untouched", self.assignment)
+        assert "is not implemented yet" in text
+
+    def test_mistake_loses_only_its_exercise(self, graded, mistake_student):
+        exercise, _, _ = self.mistakes[mistake_student]
+        scores = graded.scores(mistake_student, self.assignment)
+        expected = {**graded.max_scores(self.assignment), f"test_{exercise}": 0.0}
+        assert scores == expected
+
+    def test_mistake_is_named_in_feedback(self, graded, mistake_student):
+        exercise, _, mistake_id = self.mistakes[mistake_student]
+        names = {m.name for m in module_for(self.assignment).EXERCISES[exercise].mistakes if m.id == mistake_id}
+        text = graded.feedback_text(mistake_student, self.assignment)
+        assert f"[mistake:{mistake_id}]" in text
+        assert any(name in text for name in names), names
+
+    def test_alternative_gets_full_marks(self, graded, alternative_student):
+        assert graded.scores(alternative_student, self.assignment) == graded.max_scores(self.assignment)
+
+    @pytest.mark.parametrize("student", ["patches-allclose", "patches-numpy-testing"])
+    def test_patching_checks_gains_nothing(self, graded, student):
+        scores = graded.scores(student, self.assignment)
+        assert set(scores.values()) == {0.0}, scores
+        assert "[mistake:tampering]" in graded.feedback_text(student, self.assignment)
+
+    def test_feedback_never_shows_hidden_tests(self, graded):
+        students = ["reference", "untouched", *self.mistakes, *self.alternatives, "patches-allclose"]
+        for student in students:
+            page = graded.feedback(student, self.assignment)
+            for secret in ("HIDDEN TESTS", "autograder.checks", "checks.py", "check(&quot;", 'check("'):
+                assert secret not in page, f"{student}'s feedback shows {secret!r}"
