@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -45,6 +46,11 @@ def generate(assignment_ids: list[str], release_dir: Path) -> None:
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
+    # nbgrader runs `alembic` by name: make this interpreter's scripts findable
+    # even when the virtual environment is not activated.
+    scripts = str(Path(sys.executable).parent)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     with tempfile.TemporaryDirectory(prefix="course-release-") as scratch:
         config = course_config(Path(scratch), release_dir)
         api = NbGraderAPI(CourseDirectory(config=config), config=config)

@@ -1,0 +1,155 @@
+"""A real JupyterLab on 127.0.0.1, driven by Debian's chromium through playwright.
+
+    with JupyterLab(root_dir) as lab:            # started on a free port, stopped on exit
+        page = browser.new_page()
+        notebook = LabNotebook(page, lab.url("copy.ipynb"))
+        notebook.open(); notebook.run_all()
+        pixels = notebook.canvas_pixels(".attention-heatmap")
+
+Facts this relies on (see FIELD-NOTES): a temporary workspaces and settings
+folder and a unique workspace URL per page; news fetching and notebook
+windowing off (every cell rendered, so every prompt can be read); kernel readiness
+read from the status bar, not the execution indicator; ipympl draws on a
+<canvas>, compared through toDataURL().
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class JupyterLab:
+    """A JupyterLab server serving ``root_dir`` on 127.0.0.1 until stopped."""
+
+    def __init__(self, root_dir: Path, extra_args: list[str] | None = None, env: dict | None = None):
+        self.root_dir = Path(root_dir)
+        self.port = free_port()
+        self.token = uuid.uuid4().hex
+        self.scratch = Path(tempfile.mkdtemp(prefix="course-lab-"))
+        settings = self.scratch / "settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)
+        (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
+        # render every cell: with windowing, cells out of view have no prompt or output yet
+        notebook_settings = self.scratch / "settings" / "@jupyterlab" / "notebook-extension"
+        notebook_settings.mkdir(parents=True)
+        (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+        self.extra_args = extra_args or []
+        self.env = env or {}
+        self.process = None
+
+    def start(self) -> "JupyterLab":
+        scripts = str(Path(sys.executable).parent)
+        env = {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", ""), **self.env}
+        env.pop("NBGRADER_EXECUTION", None)
+        self.log = open(self.scratch / "server.log", "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser",
+             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
+             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
+             f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
+             f"--LabApp.user_settings_dir={self.scratch / 'settings'}",
+             *(["--allow-root"] if os.geteuid() == 0 else []), *self.extra_args],
+            cwd=self.root_dir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited:\n{(self.scratch / 'server.log').read_text()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/status?token={self.token}", timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError("JupyterLab did not start within 60 s")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def url(self, path: str) -> str:
+        """A unique workspace URL opening ``path`` (relative to the root)."""
+        return f"http://127.0.0.1:{self.port}/lab/workspaces/{uuid.uuid4().hex}/tree/{path}?token={self.token}"
+
+
+class LabNotebook:
+    """One notebook open in a JupyterLab page."""
+
+    def __init__(self, page, url: str):
+        self.page, self.url = page, url
+
+    def open(self) -> None:
+        self.page.goto(self.url)
+        # the kernel exists and is idle (the execution indicator says idle too early)
+        self.page.get_by_text("(ipykernel) | Idle").first.wait_for(timeout=60_000)
+
+    def run_all(self, timeout_s: float = 120) -> None:
+        self.page.get_by_role("menuitem", name="Run", exact=True).click()
+        self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            prompts = self.page.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
+            done = prompts and all(p.strip() not in ("", "[ ]:", "[*]:") for p in prompts)
+            if done and self.page.get_by_text("(ipykernel) | Idle").count():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"Run All did not finish in {timeout_s} s: prompts {prompts}")
+
+    def error_outputs(self) -> list[str]:
+        """Texts of error outputs (tracebacks) in the notebook."""
+        return self.page.locator(
+            '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
+        ).all_inner_texts()
+
+    def canvas_pixels(self, widget_selector: str) -> str:
+        """The data URL of the widget's figure canvas (waits until it is drawn)."""
+        canvas = self.page.locator(f"{widget_selector} canvas").first
+        canvas.wait_for(timeout=30_000)
+        return canvas.evaluate("c => c.toDataURL()")
+
+    def wait_for_new_pixels(self, widget_selector: str, before: str, timeout_s: float = 10) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            now = self.canvas_pixels(widget_selector)
+            if now != before:
+                return now
+            time.sleep(0.05)
+        raise AssertionError(f"{widget_selector}: the figure did not change within {timeout_s} s")
+
+
+def launch_browser(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

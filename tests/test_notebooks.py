@@ -1,0 +1,60 @@
+"""The notebooks themselves: solutions run clean, student versions degrade gracefully,
+and notebooks/ is exactly what nbgrader generates from solutions/."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autograder import release
+from notebook_runner import execute
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+ASSIGNMENTS = release.assignments()
+
+
+def hidden_check_cells(notebook) -> int:
+    return sum("BEGIN HIDDEN TESTS" in cell.source for cell in notebook.cells if cell.cell_type == "code")
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_solution_notebook_runs_top_to_bottom_without_errors(assignment):
+    run = execute(REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb")
+    assert run.errors() == []
+    # every hidden check really ran against the reference, and passed
+    assert run.stream_text().count("all hidden checks passed") == hidden_check_cells(run.notebook)
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_student_notebook_widgets_wait_for_the_learner(assignment):
+    """Untouched, every widget cell still runs: it shows a message instead of failing."""
+    run = execute(REPOSITORY / "notebooks" / assignment / f"{assignment}.ipynb")
+    widget_cells = [cell for cell in run.notebook.cells if "widget" in cell.metadata.get("tags", [])]
+    for cell in widget_cells:
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"widget cell failed: {cell.source}\n{errors}"
+        state = json.dumps([o.get("data", {}) for o in cell.outputs])
+        assert "application/vnd.jupyter.widget-view+json" in state
+
+
+def test_notebooks_are_generated_from_solutions(capsys):
+    assert release.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_release_check_notices_a_hand_edited_notebook(tmp_path):
+    edited = tmp_path / "01_attention"
+    shutil.copytree(REPOSITORY / "notebooks" / "01_attention", edited)
+    path = edited / "01_attention.ipynb"
+    notebook = json.loads(path.read_text())
+    notebook["cells"][0]["source"] = "# edited by hand"
+    path.write_text(json.dumps(notebook))
+    problems = release.differences(REPOSITORY / "notebooks" / "01_attention", edited)
+    assert problems == ["01_attention.ipynb: differs from what solutions/ generates"]
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_student_notebooks_hold_no_solutions_or_hidden_tests(assignment):
+    text = (REPOSITORY / "notebooks" / assignment / f"{assignment}.ipynb").read_text()
+    for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", "autograder.checks"):
+        assert secret not in text
+    assert "raise NotImplementedError()" in text
