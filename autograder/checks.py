@@ -49,6 +49,53 @@ class Case:
 
 
 @dataclass
+class ModuleCase(Case):
+    """An input to an ``nn.Module`` exercise: build, load the reference weights, call.
+
+    ``run(cls)`` builds ``cls(*init_args, **init_kwargs)``, loads the state dict
+    of the reference class built the same way under ``torch.manual_seed(seed)``
+    (so learner and reference share every weight, whatever order the learner
+    creates them in), and returns ``forward(*args, **kwargs)`` in eval mode
+    without gradients. A learner whose parameter names differ from the contract
+    gets load_state_dict's message naming the missing and unexpected keys.
+    """
+
+    reference: Any = None  # the reference class, e.g. ref.MultiHeadAttention
+    init_args: tuple = ()
+    init_kwargs: dict = field(default_factory=dict)
+    seed: int = 0
+
+    def reference_state(self) -> dict:
+        import torch
+
+        if not hasattr(self, "_state"):
+            with torch.random.fork_rng():
+                torch.manual_seed(self.seed)
+                module = self.reference(*self.init_args, **self.init_kwargs)
+                # Randomise every parameter: default inits (norm weights all 1,
+                # zero biases) would hide mistakes such as swapped or unused weights.
+                for parameter in module.parameters():
+                    if parameter.dim() >= 2:  # weight matrices: keep activations of order 1
+                        parameter.data.normal_(0.0, parameter.shape[-1] ** -0.5)
+                    else:  # norm gains and biases: around 1, all different
+                        parameter.data.normal_(1.0, 0.3)
+            self._state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        return self._state
+
+    def build(self, cls):
+        module = cls(*self.init_args, **self.init_kwargs)
+        module.load_state_dict(self.reference_state())
+        return module.eval()
+
+    def run(self, cls) -> Any:
+        import torch
+
+        module = self.build(cls)
+        with torch.no_grad():
+            return module(*self.args, **self.kwargs)
+
+
+@dataclass
 class Mistake:
     """A known misconception.
 

@@ -1,5 +1,6 @@
 """The notebooks themselves: solutions run clean, student versions degrade gracefully,
 and notebooks/ is exactly what nbgrader generates from solutions/."""
+import ast
 import json
 import shutil
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autograder import release
+from autograder.reference import reference_cells
 from notebook_runner import execute
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -58,3 +60,35 @@ def test_student_notebooks_hold_no_solutions_or_hidden_tests(assignment):
     for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", "autograder.checks"):
         assert secret not in text
     assert "raise NotImplementedError()" in text
+
+
+def top_level_definitions(source: str) -> dict:
+    """{name: ast dump} of the functions and classes a cell defines."""
+    return {node.name: ast.dump(node) for node in ast.parse(source).body
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+
+
+def restated_cells():
+    """(assignment, grade_id, origin, source) of every 'setup_from_<origin>' cell."""
+    for assignment in ASSIGNMENTS:
+        notebook = json.loads((REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb").read_text())
+        for grade_id, source in reference_cells(notebook):
+            if grade_id.startswith("setup_from_"):
+                yield assignment, grade_id, grade_id.removeprefix("setup_from_"), source
+
+
+def test_restated_functions_match_their_originals():
+    """A notebook that gives a learner an earlier notebook's functions (a read-only
+    'setup_from_<assignment>' cell) copies that notebook's reference exactly."""
+    for assignment, grade_id, origin, source in restated_cells():
+        origin_notebook = json.loads((REPOSITORY / "solutions" / origin / f"{origin}.ipynb").read_text())
+        answers = {}
+        for cell in origin_notebook["cells"]:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if meta.get("solution") and not meta.get("grade"):
+                answers.update(top_level_definitions("".join(cell["source"])))
+        restated = top_level_definitions(source)
+        assert restated, f"{assignment}/{grade_id} defines nothing"
+        for name, tree in restated.items():
+            assert name in answers, f"{assignment}/{grade_id}: {name} is not an answer of {origin}"
+            assert tree == answers[name], f"{assignment}/{grade_id}: {name} differs from {origin}'s reference"
