@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screenshots (ignored by git)
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
@@ -153,3 +154,13 @@ class LabNotebook:
 
 def launch_browser(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def _needs_chromium():
+    import pytest
+
+    return [pytest.mark.browser,
+            pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")]
+
+
+needs_chromium = _needs_chromium()  # pytestmark for browser test modules
