@@ -25,7 +25,7 @@ from matplotlib.patches import Rectangle
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
 
-PAIR_COLOURS = matplotlib.colormaps["tab20"]
+PAIR_COLOURS = matplotlib.colormaps["tab10"]  # neighbouring pairs get unrelated colours
 
 
 def _expect_shape(name: str, value, shape: tuple) -> torch.Tensor:
@@ -170,14 +170,16 @@ class RelativeScores(Explorer):
     def __init__(self, apply_rope, n_positions: int = 16):
         self.apply_rope, self.n_positions = apply_rope, n_positions
         N = n_positions
-        self.example = widgets.Dropdown(options=list(self.EXAMPLES), description="q and k").add_class(
-            "example-choice")
-        self.query_position = widgets.IntSlider(3, min=0, max=N - 1, description="query at m").add_class(
+        compact = dict(style={"description_width": "initial"}, layout=widgets.Layout(width="210px"))
+        self.example = widgets.Dropdown(options=list(self.EXAMPLES), description="q and k",
+                                        style={"description_width": "initial"},
+                                        layout=widgets.Layout(width="290px")).add_class("example-choice")
+        self.query_position = widgets.IntSlider(3, min=0, max=N - 1, description="m", **compact).add_class(
             "m-slider")
-        self.key_position = widgets.IntSlider(1, min=0, max=N - 1, description="key at n").add_class(
+        self.key_position = widgets.IntSlider(1, min=0, max=N - 1, description="n", **compact).add_class(
             "n-slider")
-        self.offset = widgets.IntSlider(0, min=0, max=3000, step=100, description="shift both by").add_class(
-            "offset-slider")
+        self.offset = widgets.IntSlider(0, min=0, max=3000, step=100, description="shift both by",
+                                        **compact).add_class("offset-slider")
         super().__init__([self.example, self.query_position, self.key_position, self.offset], figsize=(9, 3.8))
         if self.skipped:
             return
@@ -266,7 +268,8 @@ class PairingExplorer(Explorer):
         self.readout = widgets.HTML("").add_class("rope-pairing-readout")
         self.children = (*self.children[:-1], self.readout, self.children[-1])
         axes = self.axes = self.figure.subplots()
-        colours = dict(cmap=PAIR_COLOURS, vmin=-0.5, vmax=19.5, aspect="auto", interpolation="nearest")
+        colours = dict(cmap=PAIR_COLOURS, vmin=-0.5, vmax=PAIR_COLOURS.N - 0.5, aspect="auto",
+                       interpolation="nearest")
         self.top = axes.imshow(np.zeros((1, 8)), extent=(0, 8, 2, 3), **colours)
         self.bottom = axes.imshow(np.zeros((1, 8)), extent=(0, 8, 0, 1), **colours)
         biggest = max(self.HEAD_DIMS)
@@ -326,8 +329,9 @@ class PairingExplorer(Explorer):
                 lower.set_position((j + 0.5, 0.5))
                 lower.set_text(str(int(permutation[j])))
         self.links.set_segments([[(int(source) + 0.5, 2), (slot + 0.5, 1)] for slot, source in enumerate(permutation)])
-        self.links.set_colors([PAIR_COLOURS(int(source) // 2) for source in permutation])
-        self.links.set_linewidths([3.5 if int(source) // 2 == i else 1.2 for source in permutation])
+        self.links.set_colors([("black" if int(source) // 2 == i else PAIR_COLOURS(int(source) // 2))
+                               for source in permutation])
+        self.links.set_linewidths([3.0 if int(source) // 2 == i else 1.2 for source in permutation])
         slots = [int((permutation == 2 * i + c).nonzero()[0]) for c in (0, 1)]
         for frame, (x, y) in zip(self.frames, [(2 * i, 2), (2 * i + 1, 2), (slots[0], 0), (slots[1], 0)]):
             frame.set_xy((x, y))
