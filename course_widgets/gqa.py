@@ -7,6 +7,7 @@ import math
 import ipywidgets as widgets
 import matplotlib
 from matplotlib.collections import LineCollection
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
 
@@ -223,16 +224,18 @@ class KVCacheExplorer(Explorer):
         self.models = dict(models or PUBLISHED_MODELS)
         self.model = widgets.Dropdown(
             options=list(self.models), value=model if model in self.models else next(iter(self.models)),
-            description="model",
+            description="model", layout=widgets.Layout(width="220px"),
         ).add_class("model-preset")
         self.seq_len = widgets.SelectionSlider(
-            options=self.SEQ_LENS, value=4096, description="tokens"
+            options=self.SEQ_LENS, value=4096, description="tokens", layout=widgets.Layout(width="290px"),
         ).add_class("seq-len-slider")
-        self.batch = widgets.SelectionSlider(options=self.BATCHES, value=1, description="batch").add_class("batch-slider")
+        self.batch = widgets.SelectionSlider(
+            options=self.BATCHES, value=1, description="batch", layout=widgets.Layout(width="230px"),
+        ).add_class("batch-slider")
         self.precision = widgets.ToggleButtons(
-            options=[("16-bit", 2), ("32-bit", 4)], value=2, description="values"
+            options=[("16-bit", 2), ("32-bit", 4)], value=2, tooltips=["2 bytes a value", "4 bytes a value"],
         ).add_class("precision-toggle")
-        self.precision.style.button_width = "70px"
+        self.precision.style.button_width = "60px"
         super().__init__([self.model, self.seq_len, self.batch, self.precision], figsize=(9, 3.6))
         if self.skipped:
             return
@@ -241,6 +244,9 @@ class KVCacheExplorer(Explorer):
         self.axes = self.figure.subplots()
         self.axes.set_xscale("log", base=2)
         self.axes.set_yscale("log")
+        # plain decade labels (0.01, 0.1, 1, ...) and no minor ticks: readable, and cheaper to draw than mathtext
+        self.axes.yaxis.set_minor_locator(NullLocator())
+        self.axes.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
         self.axes.set_xlim(self.SEQ_LENS[0] / 1.3, self.SEQ_LENS[-1] * 1.3)
         self.axes.set_xticks(self.SEQ_LENS, [f"{n // 1024}k" if n >= 1024 else str(n) for n in self.SEQ_LENS])
         self.axes.set_xlabel("sequence length (tokens)")
@@ -295,7 +301,9 @@ class KVCacheExplorer(Explorer):
             line.set_linewidth(3.0 if published else 1.4)
             legend_text.set_text(f"{variant} (G = {g}){', as published' if published else ''}")
         values = [b for curve in curves.values() for b in curve] + [GPU_BYTES]
-        self.axes.set_ylim(min(values) / GIB / 2, max(values) / GIB * 3)
+        limits = (min(values) / GIB / 2, max(values) / GIB * 3)
+        if self.axes.get_ylim() != limits:  # moving along a curve keeps the axis as it is
+            self.axes.set_ylim(*limits)
         self.axes.set_title(f"{name}: {self.models[name][0]} layers, H = {n_heads}, head size {self.models[name][3]}",
                             fontsize=10)
         self.summary.value = self.describe(name, seq_len, variants, chosen, published_g)
