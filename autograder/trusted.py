@@ -8,6 +8,7 @@ made afterwards could be fooled.
 """
 import builtins
 import math
+import sys
 
 import numpy
 import numpy.testing
@@ -51,13 +52,21 @@ _snapshot["builtins"] = {name: getattr(builtins, name) for name in _BUILTINS}
 _class_keys = {label: set(vars(cls)) for label, cls in _CLASSES.items()}
 
 
+def _torch_rewrap(label: str, name: str, now, original) -> bool:
+    """True for the one replacement torch makes itself: importing torch._dynamo
+    (transformers does, and so do some nn operations, e.g. building a module on
+    the meta device) wraps torch.manual_seed once with torch._disable_dynamo."""
+    return (label == "torch" and name == "manual_seed" and "torch._dynamo" in sys.modules
+            and getattr(now, "__wrapped__", None) is original)
+
+
 def replaced() -> list[str]:
     """Qualified names of watched functions that differ from the snapshot."""
     changed = []
     for label, obj in {**_MODULES, **_CLASSES, "builtins": builtins}.items():
         now = vars(obj)
         for name, original in _snapshot[label].items():
-            if now.get(name) is not original:
+            if now.get(name) is not original and not _torch_rewrap(label, name, now.get(name), original):
                 changed.append(f"{label}.{name}")
     for label, cls in _CLASSES.items():
         changed.extend(f"{label}.{name}" for name in sorted(set(vars(cls)) - _class_keys[label]))
