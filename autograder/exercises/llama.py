@@ -383,11 +383,11 @@ def _temperature_multiplied(logits, temperature, top_k):
     return torch.multinomial(F.softmax(_top_k_mask(logits * temperature, top_k), dim=-1), 1)
 
 
-def _top_k_smallest(logits, temperature, top_k):
+def _top_k_sort_ascending(logits, temperature, top_k):
     logits = logits / temperature
     if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1, largest=False).values[:, -1:]
-        logits = logits.masked_fill(logits > kth, float("-inf"))
+        kth_smallest = torch.sort(logits, dim=-1).values[:, top_k - 1:top_k]
+        logits = logits.masked_fill(logits < kth_smallest, float("-inf"))
     return torch.multinomial(F.softmax(logits, dim=-1), 1)
 
 
@@ -429,9 +429,10 @@ GENERATE_MISTAKES = [
     Mistake("temperature-multiplied", "the logits are multiplied by the temperature instead of divided",
             "A temperature below 1 must sharpen the distribution: logits / temperature.",
             _generate_mutant(pick=_temperature_multiplied)),
-    Mistake("top-k-smallest", "top-k keeps the k least likely tokens",
-            "Keep the k largest logits: torch.topk(logits, k) returns the largest by default; set every "
-            "logit below the k-th largest to -inf.", _generate_mutant(pick=_top_k_smallest)),
+    Mistake("top-k-sort-ascending", "top-k takes its threshold from an ascending sort",
+            "torch.sort sorts in ascending order, so [:, k - 1] is the k-th smallest logit and almost every "
+            "token survives. Use torch.topk(logits, k).values[:, -1:] (the k-th largest), or sort with "
+            "descending=True.", _generate_mutant(pick=_top_k_sort_ascending)),
     Mistake("top-k-threshold-largest", "top-k compares with the largest logit, keeping only one token",
             "torch.topk sorts in descending order: the k-th largest value is values[:, -1:], not values[:, :1].",
             _generate_mutant(pick=_top_k_threshold_at_largest)),
