@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import html
+import io
 import math
 import time
 from pathlib import Path
@@ -72,7 +73,12 @@ class TrainingMonitor(Explorer):
         if self.skipped:
             return
         self.stats = widgets.HTML("").add_class("training-stats")
-        self.children = (*self.children[:-1], self.stats, self.children[-1])
+        # Until the browser has set the figure up, frames go to a picture instead (see draw)
+        self.picture = widgets.Image(format="png").add_class("training-picture")
+        self.picture.layout.display = "none"
+        self.children = (*self.children[:-2], self.children[-2], self.picture, self.stats, self.children[-1])
+        if hasattr(self.figure.canvas, "send_binary"):
+            self.figure.canvas.observe(self._browser_ready, names="_size")
         axes = self.axes = self.figure.subplots()
         (self.raw_line,) = axes.plot([], [], color="tab:blue", alpha=0.25, linewidth=1, label="loss of each step")
         (self.smooth_line,) = axes.plot([], [], color="tab:blue", linewidth=2, label="moving average")
@@ -130,12 +136,34 @@ class TrainingMonitor(Explorer):
         self.stats.value = text
 
     def draw(self) -> None:
-        # draw() renders in the kernel and pushes the picture at once, even while
-        # the training cell keeps the kernel busy (draw_idle would wait for it).
-        if hasattr(self.figure.canvas, "send_binary"):
-            self.figure.canvas.draw()
-        else:
+        """Show the figure now, even while the training loop keeps the kernel busy.
+
+        ipympl's figure appears once the browser and the kernel have exchanged a
+        handshake. After it, canvas.draw() renders in the kernel and pushes the
+        picture at once (draw_idle would wait for the cell to end). Before it, as
+        when "Run All" has queued the training cell behind the widget, a pushed
+        frame would break the figure's set-up: the frames go to a PNG picture
+        instead, which the browser shows as they come, until the handshake.
+        """
+        canvas = self.figure.canvas
+        if not hasattr(canvas, "send_binary"):  # not ipympl: a static picture
             super().draw()
+        elif not getattr(canvas, "syncing_data_url", True):  # the handshake is done
+            canvas.draw()
+        else:
+            buffer = io.BytesIO()
+            self.figure.savefig(buffer, format="png", dpi=80)
+            self.picture.value = buffer.getvalue()
+            self.picture.layout.display = None
+            canvas.draw_idle()
+
+    def _browser_ready(self, _change=None) -> None:
+        # ipympl sets _size on the browser's resize message, which follows its
+        # "initialized" message (and also when the figure is displayed: not yet ready)
+        if getattr(self.figure.canvas, "syncing_data_url", True):
+            return
+        self.picture.layout.display = "none"
+        self.figure.canvas.draw_idle()
 
 
 # ---------------------------------------------------------------- attention maps

@@ -43,9 +43,12 @@ def test_notebook_07_runs_and_its_widgets_respond(quick_lab, browser):
         assert notebook.error_outputs() == []
         ARTIFACTS.mkdir(exist_ok=True)
 
-        # the training monitor: drawn during training; the smoothing slider redraws the average
+        # the training monitor: under Run All it shows PNG frames while training (the
+        # browser's handshake with the figure waits for the queued cells), then the
+        # live figure; the smoothing slider redraws the average
         monitor = ".training-monitor"
         assert "step 7" in page.locator(f"{monitor} .training-stats").inner_text()
+        page.locator(f"{monitor} .training-picture").wait_for(state="hidden", timeout=30_000)
         before = notebook.canvas_pixels(monitor)
         press(notebook, f"{monitor} .smooth-slider", "Home")
         notebook.wait_for_new_pixels(monitor, before)

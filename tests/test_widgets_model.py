@@ -78,6 +78,38 @@ def test_monitor_smoothing_slider_changes_the_average():
     assert monitor.smooth_line.get_data()[1][-1] == pytest.approx(3.0)
 
 
+@pytest.fixture
+def ipympl_backend():
+    plt.switch_backend("module://ipympl.backend_nbagg")
+    yield
+    plt.close("all")
+    plt.switch_backend("Agg")
+
+
+def test_monitor_shows_a_picture_until_the_browser_sets_the_figure_up(ipympl_backend):
+    """Under Run All the training runs before the browser's handshake with the
+    figure: frames go to a PNG picture, which is hidden once the handshake is done;
+    after it, frames are pushed to the canvas directly."""
+    monitor = TrainingMonitor(unigram_entropy=3.0, total_steps=20, redraw_seconds=0)
+    canvas = monitor.figure.canvas
+    assert hasattr(canvas, "send_binary") and canvas.syncing_data_url
+    monitor.record(0, 4.0, 4.1)
+    first = bytes(monitor.picture.value)
+    assert first.startswith(b"\x89PNG") and monitor.picture.layout.display is None
+    monitor.record(1, 3.0)
+    assert bytes(monitor.picture.value) != first
+    canvas._size = (640, 256)                # displaying the figure sets a size too: not ready yet
+    assert monitor.picture.layout.display is None
+    canvas.syncing_data_url = False          # what ipympl does on the browser's "initialized"
+    canvas._size = (800, 320)                # ...followed by its resize message
+    assert monitor.picture.layout.display == "none"
+    shown = bytes(monitor.picture.value)
+    pushed = []
+    canvas.draw = lambda: pushed.append(True)
+    monitor.record(2, 2.5)
+    assert pushed and bytes(monitor.picture.value) == shown
+
+
 def test_monitor_records_but_draws_nothing_while_graded(grading_env):
     monitor = TrainingMonitor(unigram_entropy=3.0, total_steps=5)
     monitor.record(0, 4.0, 4.1)
