@@ -123,6 +123,8 @@ class SiluGateExplorer(Explorer):
         self.silu_marker.set_data([z], [silu_z])
         self.product_marker.set_data([z], [product])
         self.guide.set_xdata([z, z])
+        low, high = float(curve.min()), float(curve.max())
+        self.axes.set_ylim(min(-1.0, low - 0.3), max(4.2, high + 0.3))
         self.product = product
         sigmoid = 1.0 / (1.0 + math.exp(-z))
         note = " (the gate is 0: this entry is switched off)" if up == 0 else ""

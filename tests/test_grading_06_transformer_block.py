@@ -235,7 +235,7 @@ class TestTransformerBlockGrading(GradingSuite):
                         self.weight = nn.Parameter(torch.ones(dim))
 
                     def forward(self, x):
-                        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
+                        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
                 """,
             "SwiGLU": """
                 class SwiGLU(nn.Module):
@@ -275,7 +275,7 @@ def catalogue():
             yield pytest.param(name, index, id=f"{name}-{mistake.id}-{index}")
 
 
-@pytest.mark.parametrize("name, index", catalogue())
+@pytest.mark.parametrize("name, index", list(catalogue()))
 def test_each_catalogued_mutant_is_named_as_itself(name, index):
     """Every mutant differs from the reference, and no other mistake is named in its place."""
     ref = reference.load(ASSIGNMENT)

@@ -57,10 +57,10 @@ def rmsnorm_cases(ref):
                torch.randn(4, 8, generator=g) * 0.1, 8, 4, eps=0.01)
     yield case("(3, 4, 12) values of order 1000", torch.randn(3, 4, 12, generator=g) * 1000, 12, 5)
     yield case("(2, 3, 4, 10): four dimensions", torch.randn(2, 3, 4, 10, generator=g) - 0.5, 10, 6)
-    yield case("float64 input (5, 32)", torch.randn(5, 32, generator=g, dtype=torch.float64), 32, 7)
-    x = torch.randn(4, 16, generator=g, dtype=torch.float64) * 1e-3
-    yield Float64ModuleCase("a float64 RMSNorm(16) on tiny (4, 16) values", (x,), reference=ref.RMSNorm,
-                            init_args=(16,), seed=8)
+    for label, x, seed in (("a float64 RMSNorm(32) on (5, 32)", torch.randn(5, 32, generator=g, dtype=torch.float64), 7),
+                           ("a float64 RMSNorm(16) on tiny (4, 16) values",
+                            torch.randn(4, 16, generator=g, dtype=torch.float64) * 1e-3, 8)):
+        yield Float64ModuleCase(label, (x,), reference=ref.RMSNorm, init_args=(x.shape[-1],), seed=seed)
 
 
 def _rmsnorm_with(normalise):
