@@ -425,3 +425,18 @@ def test_loop_check_cannot_be_switched_off(ref):
         return self.o_proj(merge_heads(attention(q, k, v, mask)))
         """)
     assert "switched off the step counter" in loop_check(learner_namespace(ref, source))
+
+
+def test_loop_check_reads_the_code_of_a_forward_pass_that_fails(ref):
+    """A .view error costs MultiHeadAttention's points; the loop check then reads the syntax tree."""
+    failing = TestMultiHeadAttentionGrading.mistakes["mha-inline-view-after-transpose"][1]
+    assert loop_check(learner_namespace(ref, failing)) is None
+    failing_with_loop = module_with("""
+        B, T, D = x.shape
+        q, k, v = (split_heads(p(x), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))
+        heads = [attention(q[:, h], k[:, h], v[:, h], mask) for h in range(self.n_heads)]
+        return self.o_proj(torch.stack(heads, dim=1).transpose(1, 2).view(B, T, D))
+        """)
+    message = loop_check(learner_namespace(ref, failing_with_loop))
+    assert "[mistake:head-loop]" in message and "could not be counted" in message
+    assert "for h in range(self.n_heads)" in message
