@@ -16,6 +16,7 @@ import math
 
 import ipywidgets as widgets
 import matplotlib
+import matplotlib.layout_engine
 import numpy as np
 import torch
 from matplotlib.patches import Rectangle
@@ -38,6 +39,20 @@ def _named_call(name: str, function):
     """``function`` under the name the learner knows (for call_learner's messages)."""
     function.__name__ = name
     return function
+
+
+def _fix_layout(figure, engine=None):
+    """Lay the figure out once now, then keep the positions: later draws skip the layout.
+
+    Constrained layout measures every label on every draw, about half the time
+    of a redraw here; the positions only need recomputing when the labels change.
+    Returns the engine, to run again after such a change.
+    """
+    engine = engine or figure.get_layout_engine()
+    if isinstance(engine, matplotlib.layout_engine.ConstrainedLayoutEngine):
+        engine.execute(figure)
+        figure.set_layout_engine("none")
+    return engine
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -75,7 +90,7 @@ class ShapeWalk(Explorer):
                                              description="heads H").add_class("heads-slider")
         self.token = widgets.SelectionSlider(options=[(f"{t}: {w}", t) for t, w in enumerate(self.tokens)],
                                              value=min(1, self.T - 1), description="follow").add_class("token-slider")
-        super().__init__([self.heads, self.token], figsize=(10, 3.0))
+        super().__init__([self.heads, self.token], figsize=(9.2, 2.8))
         if self.skipped:
             return
         self.walk = widgets.HTML("").add_class("shape-walk-text")
@@ -92,6 +107,7 @@ class ShapeWalk(Explorer):
         self.block_labels = [self.axes.text(0, 0, "", ha="center", va="top", fontsize=8, color="0.3")
                              for _ in range(self.T + max_blocks)]
         self.split = self.merged = None
+        self._layout_fixed = False
         self.refresh()
 
     # -- layout: every panel is (blocks, rows, cols) of (token, feature) pairs
@@ -160,6 +176,9 @@ class ShapeWalk(Explorer):
         self.axes.set_xlim(-0.5, total - 0.5)
         self.axes.set_ylim(rows + 0.4, -1.9)
         self.walk.value = self._describe(H, followed, split, merged)
+        if not self._layout_fixed:  # once everything is shown (not while a message hides the axes)
+            _fix_layout(self.figure)
+            self._layout_fixed = True
 
     def _describe(self, H, followed, split, merged) -> str:
         Dh = self.D // H
@@ -213,9 +232,9 @@ class HeadPatterns(Explorer):
                                              description="heads H").add_class("heads-slider")
         self.query = widgets.SelectionSlider(options=[(f"{t}: {w}", t) for t, w in enumerate(self.tokens)],
                                              value=2, description="query").add_class("query-slider")
-        self.seed = widgets.IntSlider(0, min=0, max=9, description="weights seed").add_class("seed-slider")
+        self.seed = widgets.IntSlider(0, min=0, max=9, description="seed").add_class("seed-slider")
         self.causal = widgets.Checkbox(False, description="causal mask").add_class("causal-toggle")
-        super().__init__([self.heads, self.query, self.seed, self.causal], figsize=(10, 5.0))
+        super().__init__([self.heads, self.query, self.seed, self.causal], figsize=(9.2, 4.8))
         if self.skipped:
             return
         self.summary = widgets.HTML("").add_class("head-summary")
@@ -243,6 +262,7 @@ class HeadPatterns(Explorer):
         self.bar_axes.set_xlabel("feature")
         self.bar_axes.legend(loc="upper right", fontsize=8)
         self._layout_heads = None
+        self._layout = self.figure.get_layout_engine()
         self.weights = self.head_outputs = self.output = None
         self.refresh()
 
@@ -275,6 +295,7 @@ class HeadPatterns(Explorer):
         self.heat_axes.set_ylim(T - 0.5, -0.5)
         self.row_box.set_width(H * (T + 1) - 1)
         self._layout_heads = H
+        self._layout = _fix_layout(self.figure, self._layout)
 
     def update(self) -> None:
         H, t, T, D = self.heads.value, self.query.value, self.T, self.D
@@ -296,8 +317,6 @@ class HeadPatterns(Explorer):
             picture[:, h * (T + 1): h * (T + 1) + T] = self.weights[h].numpy()
         self.image.set_data(picture)
         self.image.set_extent((-0.5, picture.shape[1] - 0.5, T - 0.5, -0.5))
-        if self._layout_heads != H:
-            self._relayout(H)
         self.row_box.set_y(t - 0.5)
 
         for d, bar in enumerate(self.bars):
@@ -314,3 +333,5 @@ class HeadPatterns(Explorer):
             s = int(self.weights[h, t].argmax())
             favourites.append(f"head {h} → “{self.tokens[s]}” ({float(self.weights[h, t, s]):.2f})")
         self.summary.value = f"query “{self.tokens[t]}” looks most at: " + ", ".join(favourites)
+        if self._layout_heads != H:  # last: the layout measures the labels and titles just set
+            self._relayout(H)
