@@ -11,14 +11,17 @@ cos/sin from LlamaRotaryEmbedding.
 Tolerance 1e-5: float32 end to end, the two implementations differ only in the
 order of a few sums; they agree to about 1e-6.
 """
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
 from autograder import reference
 
-llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-from transformers import LlamaConfig  # noqa: E402
-
+REPOSITORY = Path(__file__).resolve().parent.parent
 TOLERANCE = 1e-5
 
 
@@ -27,8 +30,15 @@ def ref():
     return reference.load("06_transformer_block")
 
 
-def tiny_config(hidden=64, heads=4, kv_heads=2, intermediate=160, eps=1e-6, rope_theta=10000.0):
-    config = LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+@pytest.fixture(scope="module")
+def llama():
+    """transformers' LLaMA module, imported only when these tests run (it takes seconds, and
+    it imports torch._dynamo, which rewraps torch.manual_seed for the whole process)."""
+    return pytest.importorskip("transformers.models.llama.modeling_llama")
+
+
+def tiny_config(llama, hidden=64, heads=4, kv_heads=2, intermediate=160, eps=1e-6, rope_theta=10000.0):
+    config = llama.LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          intermediate_size=intermediate, rms_norm_eps=eps, num_hidden_layers=1, vocab_size=100,
                          rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
     config._attn_implementation = "eager"
@@ -69,7 +79,7 @@ def block_state_from(layer, config):
     }
 
 
-def hugging_face_block(layer, config, x, positions, causal=True):
+def hugging_face_block(llama, layer, config, x, positions, causal=True):
     """The layer on x (B, T, D) at positions (T,), with a causal additive mask unless told otherwise."""
     T = x.shape[1]
     position_ids = positions[None].expand(x.shape[0], T)
@@ -81,7 +91,7 @@ def hugging_face_block(layer, config, x, positions, causal=True):
     return out[0] if isinstance(out, tuple) else out
 
 
-def test_rmsnorm_matches_llama_rmsnorm(ref):
+def test_rmsnorm_matches_llama_rmsnorm(ref, llama):
     for eps, scale in ((1e-6, 1.0), (1e-6, 1e-3), (1e-2, 0.1)):
         theirs = randomise(llama.LlamaRMSNorm(24, eps=eps), seed=1)
         ours = ref.RMSNorm(24, eps=eps)
@@ -91,8 +101,8 @@ def test_rmsnorm_matches_llama_rmsnorm(ref):
             assert (ours(x) - theirs(x)).abs().max() < TOLERANCE, (eps, scale)
 
 
-def test_swiglu_matches_llama_mlp(ref):
-    config = tiny_config(hidden=32, intermediate=88)
+def test_swiglu_matches_llama_mlp(ref, llama):
+    config = tiny_config(llama, hidden=32, intermediate=88)
     theirs = randomise(llama.LlamaMLP(config), seed=3)
     ours = ref.SwiGLU(32, 88)
     ours.load_state_dict({"w1.weight": theirs.gate_proj.weight.detach(), "w3.weight": theirs.up_proj.weight.detach(),
@@ -104,21 +114,21 @@ def test_swiglu_matches_llama_mlp(ref):
 
 @pytest.mark.parametrize("heads, kv_heads, rope_theta", [(4, 2, 10000.0), (4, 4, 10000.0), (4, 1, 500.0)],
                          ids=["grouped", "multi-head", "multi-query-rope-500"])
-def test_block_matches_llama_decoder_layer(ref, heads, kv_heads, rope_theta):
-    config = tiny_config(heads=heads, kv_heads=kv_heads, rope_theta=rope_theta)
+def test_block_matches_llama_decoder_layer(ref, llama, heads, kv_heads, rope_theta):
+    config = tiny_config(llama, heads=heads, kv_heads=kv_heads, rope_theta=rope_theta)
     layer = randomise(llama.LlamaDecoderLayer(config, layer_idx=0), seed=5)
     block = ref.TransformerBlock(64, heads, kv_heads, 160, rope_base=rope_theta).eval()
     block.load_state_dict(block_state_from(layer, config))
     x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
-        assert (block(x) - hugging_face_block(layer, config, x, torch.arange(9))).abs().max() < TOLERANCE
+        assert (block(x) - hugging_face_block(llama, layer, config, x, torch.arange(9))).abs().max() < TOLERANCE
         positions = torch.tensor([0, 1, 3, 4, 8, 9, 15, 16, 20])  # uneven: RoPE sees real gaps
-        assert (block(x, positions) - hugging_face_block(layer, config, x, positions)).abs().max() < TOLERANCE
+        assert (block(x, positions) - hugging_face_block(llama, layer, config, x, positions)).abs().max() < TOLERANCE
 
 
-def test_the_conventions_matter(ref):
+def test_the_conventions_matter(ref, llama):
     """What the notebook shows: without the permutation, or without a mask, the two differ."""
-    config = tiny_config()
+    config = tiny_config(llama)
     layer = randomise(llama.LlamaDecoderLayer(config, layer_idx=0), seed=7)
     state = block_state_from(layer, config)
     x = torch.randn(1, 7, 64, generator=torch.Generator().manual_seed(8))
@@ -129,8 +139,32 @@ def test_the_conventions_matter(ref):
     unpermuted.load_state_dict({**state, "attn.q_proj.weight": hf["self_attn.q_proj.weight"],
                                 "attn.k_proj.weight": hf["self_attn.k_proj.weight"]})
     with torch.no_grad():
-        expected = hugging_face_block(layer, config, x, torch.arange(7))
+        expected = hugging_face_block(llama, layer, config, x, torch.arange(7))
         assert (unpermuted(x) - expected).abs().max() > 0.1
-        unmasked = hugging_face_block(layer, config, x, torch.arange(7), causal=False)
+        unmasked = hugging_face_block(llama, layer, config, x, torch.arange(7), causal=False)
         assert (block(x) - unmasked)[:, :-1].abs().max() > 0.1       # the layer alone looks ahead
         assert (block(x) - unmasked)[:, -1].abs().max() < TOLERANCE  # the last token sees everything anyway
+
+
+def test_checks_still_work_after_transformers_is_imported():
+    """The notebook imports transformers after its checks; importing it wraps torch.manual_seed
+    (torch._dynamo does), which must not read as tampering when a learner re-runs a check."""
+    script = textwrap.dedent("""
+        import autograder.trusted
+        import torch
+        from autograder import checks, reference
+        namespace = {"RMSNorm": reference.load("06_transformer_block").RMSNorm}
+        checks.check("06_transformer_block", "RMSNorm", namespace)
+        import transformers.models.llama.modeling_llama
+        checks.check("06_transformer_block", "RMSNorm", namespace)
+        torch.manual_seed = lambda seed: None  # a real replacement is still caught
+        try:
+            checks.check("06_transformer_block", "RMSNorm", namespace)
+        except checks.CheckFailed as failure:
+            assert "[mistake:tampering]" in str(failure), failure
+        else:
+            raise AssertionError("a replaced torch.manual_seed went unnoticed")
+    """)
+    pytest.importorskip("transformers")
+    run = subprocess.run([sys.executable, "-c", script], cwd=REPOSITORY, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
