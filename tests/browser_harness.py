@@ -43,8 +43,10 @@ def free_port() -> int:
 class JupyterLab:
     """A JupyterLab server serving ``root_dir`` on 127.0.0.1 until stopped."""
 
-    def __init__(self, root_dir: Path, extra_args: list[str] | None = None, env: dict | None = None):
+    def __init__(self, root_dir: Path, extra_args: list[str] | None = None, env: dict | None = None,
+                 python: str | Path | None = None):
         self.root_dir = Path(root_dir)
+        self.python = str(python or sys.executable)  # the environment the server (and its kernels) run in
         self.port = free_port()
         self.token = uuid.uuid4().hex
         self.scratch = Path(tempfile.mkdtemp(prefix="course-lab-"))
@@ -60,12 +62,12 @@ class JupyterLab:
         self.process = None
 
     def start(self) -> "JupyterLab":
-        scripts = str(Path(sys.executable).parent)
+        scripts = str(Path(self.python).parent)
         env = {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", ""), **self.env}
         env.pop("NBGRADER_EXECUTION", None)
         self.log = open(self.scratch / "server.log", "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser",
+            [self.python, "-m", "jupyter", "lab", "--no-browser",
              "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
              f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
@@ -114,6 +116,9 @@ class LabNotebook:
         self.page, self.url = page, url
 
     def open(self) -> None:
+        from explorer_driver import install_probe
+
+        install_probe(self.page)  # times inputs and drawing (see explorer_driver.py)
         self.page.goto(self.url)
         # the kernel exists and is idle (the execution indicator says idle too early)
         self.page.get_by_text("(ipykernel) | Idle").first.wait_for(timeout=60_000)
@@ -129,6 +134,17 @@ class LabNotebook:
                 return
             time.sleep(0.25)
         raise TimeoutError(f"Run All did not finish in {timeout_s} s: prompts {prompts}")
+
+    def cells(self):
+        """Locator of the notebook's cells, in notebook order (every cell is rendered)."""
+        return self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+
+    def explorers(self, cell_index: int | None = None) -> list:
+        """The course widgets (``explorer_driver.Explorer``) in one cell's output, or in the notebook."""
+        from explorer_driver import Explorer
+
+        scope = None if cell_index is None else self.cells().nth(cell_index)
+        return Explorer.all_in(self.page, scope)
 
     def error_outputs(self) -> list[str]:
         """Texts of error outputs (tracebacks) in the notebook."""

@@ -33,12 +33,20 @@ def grading_env(monkeypatch):
 
 # ---------------------------------------------------------------- browser tests
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
-    """One real JupyterLab on 127.0.0.1 for the whole session, stopped at the end."""
+    """One real JupyterLab on 127.0.0.1 for the whole session, stopped at the end.
+    Its root mirrors the repository's layout (assets/ is linked), so notebooks
+    copied into it find their files at the same relative paths."""
     from browser_harness import JupyterLab
 
-    with JupyterLab(tmp_path_factory.mktemp("lab")) as server:
+    root = tmp_path_factory.mktemp("lab")
+    (root / "assets").symlink_to(REPOSITORY / "assets", target_is_directory=True)
+    with JupyterLab(root) as server:
         yield server
 
 
@@ -55,6 +63,25 @@ def browser():
         browser.close()
 
 
+def place_in_lab(lab, source: Path, unique: bool = True) -> str:
+    """Copy a notebook into the lab's root, in the same folder as in the repository
+    (with the other files of its folder), under a unique name unless told otherwise.
+    Returns its path relative to the root."""
+    source = Path(source).resolve()
+    try:
+        folder = source.parent.relative_to(REPOSITORY)
+    except ValueError:
+        folder = Path()
+    target_dir = lab.root_dir / folder
+    target_dir.mkdir(parents=True, exist_ok=True)
+    for sibling in source.parent.iterdir():
+        if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
+            shutil.copy(sibling, target_dir / sibling.name)
+    name = f"{source.stem}-{uuid.uuid4().hex[:8]}.ipynb" if unique else source.name
+    shutil.copy(source, target_dir / name)
+    return (folder / name).as_posix()
+
+
 @pytest.fixture
 def open_copy(lab, browser):
     """open_copy(path) copies a notebook under a unique name into the lab's root,
@@ -64,14 +91,49 @@ def open_copy(lab, browser):
     pages = []
 
     def open_notebook(source: Path) -> "LabNotebook":
-        name = f"{Path(source).stem}-{uuid.uuid4().hex[:8]}.ipynb"
-        shutil.copy(source, lab.root_dir / name)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport=VIEWPORT)
         pages.append(page)
-        notebook = LabNotebook(page, lab.url(name))
+        notebook = LabNotebook(page, lab.url(place_in_lab(lab, source)))
         notebook.open()
         return notebook
 
     yield open_notebook
     for page in pages:
         page.close()
+
+
+@pytest.fixture(scope="session")
+def ran_solution(lab, browser):
+    """ran_solution(assignment) -> LabNotebook: the solution notebook
+    solutions/<assignment>/<assignment>.ipynb open in its own page, after Run All.
+
+    Opened and run once per session, on first use, and shared by every test that
+    asks for it (the generic acceptance tests and each topic's browser tests):
+    a test that changes a widget puts it back as it found it. A notebook whose
+    opening or Run All failed fails every later test that asks for it, at once."""
+    from browser_harness import LabNotebook
+
+    opened: dict = {}
+
+    def ran(assignment: str) -> "LabNotebook":
+        if assignment not in opened:
+            source = REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb"
+            page = browser.new_page(viewport=VIEWPORT)
+            try:
+                notebook = LabNotebook(page, lab.url(place_in_lab(lab, source, unique=False)))
+                notebook.open()
+                notebook.run_all(timeout_s=900)
+            except Exception as error:
+                page.close()
+                opened[assignment] = error
+                raise
+            opened[assignment] = notebook
+        if isinstance(opened[assignment], Exception):
+            raise RuntimeError(f"{assignment}: opening it or Run All failed in an earlier test: "
+                               f"{opened[assignment]!r}")
+        return opened[assignment]
+
+    yield ran
+    for notebook in opened.values():
+        if not isinstance(notebook, Exception):
+            notebook.page.close()
