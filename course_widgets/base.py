@@ -3,8 +3,14 @@
 An ``Explorer`` is a column: its controls, one matplotlib figure that is built
 once, and a message line. When a control changes, ``update()`` runs the
 learner's own functions again and puts the new numbers into the existing
-artists (``set_data``, ``set_height``): nothing is redrawn from scratch, which
-keeps a key press to new pixels fast.
+artists (``set_data``, ``set_height``): nothing is rebuilt, which keeps a key
+press to new pixels fast. Two more things keep it fast (drawing dominates):
+
+* the figure's layout (constrained) is worked out only when something it
+  depends on changed (limits, ticks, labels, which axes show), not on every draw;
+* artists a subclass declares with ``animate(...)`` are redrawn alone over a
+  saved picture of the rest (blitting) on the interactive canvas, when nothing
+  but them changed; otherwise the whole figure is drawn.
 
 The learner's functions are called through ``call_learner``: while a function
 is still ``raise NotImplementedError()``, or when it raises, the widget shows a
@@ -21,6 +27,7 @@ from typing import Any, Callable
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 
 def grading_now() -> bool:
@@ -52,12 +59,26 @@ def _is_widget_canvas(canvas) -> bool:
     return isinstance(canvas, widgets.DOMWidget)
 
 
+def _ticks(axis) -> tuple:
+    """What an axis's tick labels depend on besides its limits."""
+    locator, formatter = axis.get_major_locator(), axis.get_major_formatter()
+    return (type(locator).__name__, tuple(getattr(locator, "locs", ())), id(formatter),
+            tuple(getattr(formatter, "seq", ())))
+
+
+def _title_key(title) -> object:
+    # an animated title is redrawn with the data; the layout only needs to know it is there
+    return bool(title.get_text()) if title.get_animated() else title.get_text()
+
+
 class Explorer(widgets.VBox):
     """Controls, one figure built once, and a message line.
 
     Subclasses set ``css_class``, call ``super().__init__(controls, figsize)``,
     return at once if ``self.skipped``, draw their artists on ``self.figure``,
-    and implement ``update()``; then call ``self.refresh()`` once.
+    declare with ``self.animate(...)`` the artists that ``update()`` changes
+    (optional: it makes updates several times faster), and implement
+    ``update()``; then call ``self.refresh()`` once.
     """
 
     css_class = "course-explorer"
@@ -81,6 +102,11 @@ class Explorer(widgets.VBox):
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
         self.view = view
+        self._animated: list = []
+        self._background = None  # the figure without its animated artists, for blitting
+        self._layout_engine = None  # the figure's own engine, run by _lay_out when needed
+        self._drawn_decorations = None
+        canvas.mpl_connect("draw_event", self._on_full_draw)
         children = [widgets.HBox(controls).add_class("explorer-controls"), view, self.message]
         if title:
             children.insert(0, widgets.HTML(f"<b>{html.escape(title)}</b>"))
@@ -111,9 +137,68 @@ class Explorer(widgets.VBox):
             self.clear_problem()
         self.draw()
 
+    def animate(self, *artists) -> None:
+        """Declare artists that ``update()`` changes. On the interactive (ipympl)
+        canvas they are left out of the figure's normal drawing and redrawn alone
+        over a saved picture of the rest. Declare every artist ``update()`` changes
+        (titles included): one left out would not show its change."""
+        if self.skipped or not _is_widget_canvas(self.figure.canvas):
+            return
+        for artist in artists:
+            artist.set_animated(True)
+        self._animated.extend(artists)
+        self._background = None  # the saved picture may hold them: draw everything once more
+
+    def _decorations(self) -> tuple:
+        """What the layout and the static part of the picture depend on, besides the data."""
+        key = [tuple(self.figure.get_size_inches()), self.figure.dpi]
+        for axes in self.figure.axes:
+            legend = axes.get_legend()
+            key.append((
+                axes.get_visible(), axes.get_xlim(), axes.get_ylim(), axes.get_xscale(), axes.get_yscale(),
+                axes.get_xlabel(), axes.get_ylabel(), _ticks(axes.xaxis), _ticks(axes.yaxis),
+                *(_title_key(t) for t in (axes.title, axes._left_title, axes._right_title)),
+                tuple(t.get_text() for t in legend.get_texts()) if legend else None,
+            ))
+        key.append(tuple(t.get_text() for t in self.figure.texts if not t.get_animated()))
+        return tuple(key)
+
+    def _lay_out(self) -> None:
+        """Run the figure's layout engine now, and keep it from running on every draw."""
+        if self._layout_engine is None:
+            engine = self.figure.get_layout_engine()
+            if engine is None or isinstance(engine, PlaceHolderLayoutEngine):
+                return
+            self._layout_engine = engine
+            self.figure.set_layout_engine("none")
+        self._layout_engine.execute(self.figure)
+
+    def _draw_animated(self) -> None:
+        for artist in self._animated:
+            if artist.get_visible() and (artist.axes is None or artist.axes.get_visible()):
+                self.figure.draw_artist(artist)
+
+    def _on_full_draw(self, _event) -> None:
+        """After the whole figure is drawn (without animated artists): save it, add them."""
+        if self._animated:
+            self._background = self.figure.canvas.copy_from_bbox(self.figure.bbox)
+            self._draw_animated()
+
     def draw(self) -> None:
-        if _is_widget_canvas(self.figure.canvas):
-            self.figure.canvas.draw_idle()
+        decorations = self._decorations()
+        changed = decorations != self._drawn_decorations
+        if changed:
+            self._lay_out()
+            self._drawn_decorations = decorations
+        canvas = self.figure.canvas
+        if _is_widget_canvas(canvas):
+            if changed or self._background is None:
+                self._background = None  # blit again only over a picture of the new decorations
+                canvas.draw_idle()
+            else:  # blit: the saved picture, the animated artists over it, sent at once
+                canvas.restore_region(self._background)
+                self._draw_animated()
+                canvas.blit(self.figure.bbox)
         else:
             from IPython.display import display
 

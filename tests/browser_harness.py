@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screenshots (ignored by git)
+REPOSITORY = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPOSITORY / "test-artifacts"  # screenshots (ignored by git)
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
@@ -166,6 +167,31 @@ class LabNotebook:
                 return now
             time.sleep(0.05)
         raise AssertionError(f"{widget_selector}: the figure did not change within {timeout_s} s")
+
+
+def link_assets(root: Path) -> Path:
+    """Give a lab root the repository's assets/ (linked), as notebooks expect beside them."""
+    (root / "assets").symlink_to(REPOSITORY / "assets", target_is_directory=True)
+    return root
+
+
+def place_in_lab(lab, source: Path, unique: bool = True) -> str:
+    """Copy a notebook into the lab's root, in the same folder as in the repository
+    (with the other files of its folder), under a unique name unless told otherwise.
+    Returns its path relative to the root."""
+    source = Path(source).resolve()
+    try:
+        folder = source.parent.relative_to(REPOSITORY)
+    except ValueError:
+        folder = Path()
+    target_dir = lab.root_dir / folder
+    target_dir.mkdir(parents=True, exist_ok=True)
+    for sibling in source.parent.iterdir():
+        if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
+            shutil.copy(sibling, target_dir / sibling.name)
+    name = f"{source.stem}-{uuid.uuid4().hex[:8]}.ipynb" if unique else source.name
+    shutil.copy(source, target_dir / name)
+    return (folder / name).as_posix()
 
 
 def launch_browser(playwright):

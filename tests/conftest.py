@@ -1,8 +1,6 @@
 """Shared fixtures. Helpers for real nbgrader runs live in grading_harness.py and
 grading_suite.py; the JupyterLab-in-chromium harness in browser_harness.py."""
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import matplotlib
@@ -42,10 +40,9 @@ def lab(tmp_path_factory):
     """One real JupyterLab on 127.0.0.1 for the whole session, stopped at the end.
     Its root mirrors the repository's layout (assets/ is linked), so notebooks
     copied into it find their files at the same relative paths."""
-    from browser_harness import JupyterLab
+    from browser_harness import JupyterLab, link_assets
 
-    root = tmp_path_factory.mktemp("lab")
-    (root / "assets").symlink_to(REPOSITORY / "assets", target_is_directory=True)
+    root = link_assets(tmp_path_factory.mktemp("lab"))
     with JupyterLab(root) as server:
         yield server
 
@@ -63,30 +60,11 @@ def browser():
         browser.close()
 
 
-def place_in_lab(lab, source: Path, unique: bool = True) -> str:
-    """Copy a notebook into the lab's root, in the same folder as in the repository
-    (with the other files of its folder), under a unique name unless told otherwise.
-    Returns its path relative to the root."""
-    source = Path(source).resolve()
-    try:
-        folder = source.parent.relative_to(REPOSITORY)
-    except ValueError:
-        folder = Path()
-    target_dir = lab.root_dir / folder
-    target_dir.mkdir(parents=True, exist_ok=True)
-    for sibling in source.parent.iterdir():
-        if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
-            shutil.copy(sibling, target_dir / sibling.name)
-    name = f"{source.stem}-{uuid.uuid4().hex[:8]}.ipynb" if unique else source.name
-    shutil.copy(source, target_dir / name)
-    return (folder / name).as_posix()
-
-
 @pytest.fixture
 def open_copy(lab, browser):
     """open_copy(path) copies a notebook under a unique name into the lab's root,
     opens it in a new page and waits for its kernel; the page closes after the test."""
-    from browser_harness import LabNotebook
+    from browser_harness import LabNotebook, place_in_lab
 
     pages = []
 
@@ -111,7 +89,7 @@ def ran_solution(lab, browser):
     asks for it (the generic acceptance tests and each topic's browser tests):
     a test that changes a widget puts it back as it found it. A notebook whose
     opening or Run All failed fails every later test that asks for it, at once."""
-    from browser_harness import LabNotebook
+    from browser_harness import LabNotebook, place_in_lab
 
     opened: dict = {}
 
