@@ -76,12 +76,12 @@ def test_binder_post_build_keeps_only_validate():
     labextension = Path(nbgrader.__file__).parent / "labextension" / "static"
     shipped = set(re.findall(r"@jupyter/nbgrader:([a-z-]+)", "".join(p.read_text() for p in labextension.glob("*.js"))))
     assert "validate-assignment" in shipped
-    disabled = set(re.search(r"for plugin in ([a-z -]+); do", script).group(1).split())
+    disabled = set(re.search(r"instructor_plugins=\(@jupyter/nbgrader:\{([a-z,-]+)\}\)", script).group(1).split(","))
     assert disabled == shipped - {"validate-assignment"}
     server_config = REPOSITORY / ".venv" / "etc" / "jupyter" / "jupyter_server_config.d" / "nbgrader.json"
     if server_config.exists():
         extensions = {name.rsplit(".", 1)[1] for name in json.loads(server_config.read_text())["ServerApp"]["jpserver_extensions"]}
-        disabled = set(re.search(r"for extension in ([a-z_ ]+); do", script).group(1).split())
+        disabled = set(re.search(r"instructor_extensions=\(nbgrader\.server_extensions\.\{([a-z_,]+)\}\)", script).group(1).split(","))
         assert disabled == extensions - {"validate_assignment"}
 
 
