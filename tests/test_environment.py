@@ -135,3 +135,9 @@ def test_readme_binder_badge_opens_jupyterlab_on_notebook_00():
     [target] = parse_qs(url.query)["urlpath"]
     assert target == "lab/tree/notebooks/00_start_here/00_start_here.ipynb"
     assert (REPOSITORY / target.removeprefix("lab/tree/")).is_file()
+
+
+def test_readme_pictures_are_in_the_repository():
+    for picture in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (REPOSITORY / "README.md").read_text()):
+        if not picture.startswith("http"):
+            assert (REPOSITORY / picture).is_file(), f"README.md shows {picture}, which is missing"
