@@ -65,7 +65,6 @@ class AttentionHeatmap(Explorer):
         self.bar_axes.set_ylabel("weight")
         self.weights = None
         self.output = None
-        self.animate(self.image, *self.cell_texts.values(), self.row_box, *self.bars, self.bar_axes.title)
         self.refresh()
 
     def update(self) -> None:
@@ -123,7 +122,6 @@ class ScalingExplorer(Explorer):
         self.curve_axes.legend(loc="center right")
         self._scores = {}
         self.curves = None
-        self.animate(*self.bars, self.marker, self.bar_axes.title)
         self.refresh()
 
     def scores(self, d: int) -> torch.Tensor:

@@ -8,9 +8,10 @@ press to new pixels fast. Two more things keep it fast (drawing dominates):
 
 * the figure's layout (constrained) is worked out only when something it
   depends on changed (limits, ticks, labels, which axes show), not on every draw;
-* artists a subclass declares with ``animate(...)`` are redrawn alone over a
-  saved picture of the rest (blitting) on the interactive canvas, when nothing
-  but them changed; otherwise the whole figure is drawn.
+* on the interactive (ipympl) canvas, the data (images, lines, patches,
+  collections, texts, titles, spines) is redrawn alone over a saved picture of
+  the rest, the axes with their ticks and labels (blitting); when anything of
+  that rest changed, or an artist came or went, the whole figure is drawn.
 
 The learner's functions are called through ``call_learner``: while a function
 is still ``raise NotImplementedError()``, or when it raises, the widget shows a
@@ -21,6 +22,7 @@ explorers build nothing and show one line, so grading does not pay for demos.
 """
 from __future__ import annotations
 
+import functools
 import html
 import os
 from typing import Any, Callable
@@ -60,15 +62,38 @@ def _is_widget_canvas(canvas) -> bool:
 
 
 def _ticks(axis) -> tuple:
-    """What an axis's tick labels depend on besides its limits."""
+    """What an axis's tick labels depend on besides its limits: fixed ticks and
+    labels by value (widgets often set the same ones again), others by kind."""
     locator, formatter = axis.get_major_locator(), axis.get_major_formatter()
-    return (type(locator).__name__, tuple(getattr(locator, "locs", ())), id(formatter),
-            tuple(getattr(formatter, "seq", ())))
+    func = getattr(formatter, "func", None)
+    if isinstance(func, functools.partial):  # set_xticks(ticks, labels): labels by value
+        func = (func.func, repr(func.args), repr(func.keywords))
+    else:
+        func = id(func)
+    return (type(locator).__name__, tuple(getattr(locator, "locs", ())), type(formatter).__name__,
+            tuple(getattr(formatter, "seq", ())), func,
+            (axis.majorTicks[0].label1.get_fontsize(), axis.majorTicks[0].label1.get_rotation()))
 
 
-def _title_key(title) -> object:
-    # an animated title is redrawn with the data; the layout only needs to know it is there
-    return bool(title.get_text()) if title.get_animated() else title.get_text()
+def _limits(limits) -> tuple:
+    # changes far below a pixel (a recomputed limit's last digits) change nothing shown
+    return tuple(float(f"{x:.6g}") for x in limits)
+
+
+def _data_artists(figure) -> list:
+    """What an update may change, in drawing order: per axes (in the figure's
+    order) its images, patches, lines, collections, texts, titles, and the frame
+    and legend that sit on top of them, by zorder; then the figure's own texts."""
+    artists = []
+    for axes in sorted(figure.axes, key=lambda a: a.zorder):
+        own = [*axes.images, *axes.patches, *axes.lines, *axes.collections, *axes.texts,
+               axes.title, axes._left_title, axes._right_title]
+        if axes.axison and axes.get_frame_on():
+            own += axes.spines.values()
+        if axes.get_legend() is not None:
+            own.append(axes.get_legend())
+        artists += sorted(own, key=lambda a: a.zorder)
+    return artists + list(figure.texts)
 
 
 class Explorer(widgets.VBox):
@@ -76,9 +101,7 @@ class Explorer(widgets.VBox):
 
     Subclasses set ``css_class``, call ``super().__init__(controls, figsize)``,
     return at once if ``self.skipped``, draw their artists on ``self.figure``,
-    declare with ``self.animate(...)`` the artists that ``update()`` changes
-    (optional: it makes updates several times faster), and implement
-    ``update()``; then call ``self.refresh()`` once.
+    and implement ``update()``; then call ``self.refresh()`` once.
     """
 
     css_class = "course-explorer"
@@ -137,30 +160,20 @@ class Explorer(widgets.VBox):
             self.clear_problem()
         self.draw()
 
-    def animate(self, *artists) -> None:
-        """Declare artists that ``update()`` changes. On the interactive (ipympl)
-        canvas they are left out of the figure's normal drawing and redrawn alone
-        over a saved picture of the rest. Declare every artist ``update()`` changes
-        (titles included): one left out would not show its change."""
-        if self.skipped or not _is_widget_canvas(self.figure.canvas):
-            return
-        for artist in artists:
-            artist.set_animated(True)
-        self._animated.extend(artists)
-        self._background = None  # the saved picture may hold them: draw everything once more
-
-    def _decorations(self) -> tuple:
-        """What the layout and the static part of the picture depend on, besides the data."""
-        key = [tuple(self.figure.get_size_inches()), self.figure.dpi]
+    def _decorations(self, data: list) -> tuple:
+        """What the layout and the picture behind the data depend on: the data
+        artists there are, and for each axes its limits, scales, ticks, labels,
+        which titles are set (not what they say: they are redrawn with the data)."""
+        key = [tuple(self.figure.get_size_inches()), self.figure.dpi, tuple(map(id, data))]
         for axes in self.figure.axes:
             legend = axes.get_legend()
             key.append((
-                axes.get_visible(), axes.get_xlim(), axes.get_ylim(), axes.get_xscale(), axes.get_yscale(),
+                axes.get_visible(), _limits(axes.get_xlim()), _limits(axes.get_ylim()),
+                axes.get_xscale(), axes.get_yscale(),
                 axes.get_xlabel(), axes.get_ylabel(), _ticks(axes.xaxis), _ticks(axes.yaxis),
-                *(_title_key(t) for t in (axes.title, axes._left_title, axes._right_title)),
+                *(bool(t.get_text()) for t in (axes.title, axes._left_title, axes._right_title)),
                 tuple(t.get_text() for t in legend.get_texts()) if legend else None,
             ))
-        key.append(tuple(t.get_text() for t in self.figure.texts if not t.get_animated()))
         return tuple(key)
 
     def _lay_out(self) -> None:
@@ -185,13 +198,18 @@ class Explorer(widgets.VBox):
             self._draw_animated()
 
     def draw(self) -> None:
-        decorations = self._decorations()
+        canvas = self.figure.canvas
+        data = _data_artists(self.figure)
+        decorations = self._decorations(data)
         changed = decorations != self._drawn_decorations
         if changed:
             self._lay_out()
             self._drawn_decorations = decorations
-        canvas = self.figure.canvas
         if _is_widget_canvas(canvas):
+            if changed:  # left out of the full drawing, drawn over it (_on_full_draw)
+                for artist in data:
+                    artist.set_animated(True)
+                self._animated = data
             if changed or self._background is None:
                 self._background = None  # blit again only over a picture of the new decorations
                 canvas.draw_idle()

@@ -1,7 +1,7 @@
 """What keeps every widget fast (course_widgets/base.py), on a real ipympl canvas
 without a browser: the picture sent after a blitted update is exactly the
-picture a full draw gives, the layout runs only when decorations change, and a
-change outside the declared artists still redraws everything."""
+picture matplotlib draws of the figure, the layout runs only when decorations
+change, and a change of limits (or an artist that comes) redraws everything."""
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
@@ -52,8 +52,23 @@ class Recorder:
         return np.asarray(self.canvas.get_renderer().buffer_rgba()).copy()
 
 
-def shown_by_blitting_then_by_full_draw(widget, change):
-    """The picture after ``change`` as blitting sent it, and as a full draw makes it."""
+def plain_matplotlib_picture(widget) -> np.ndarray:
+    """The figure as matplotlib draws it without any blitting."""
+    animated, widget._animated = widget._animated, []
+    for artist in animated:
+        artist.set_animated(False)
+    try:
+        widget.figure.canvas.draw()
+        return np.asarray(widget.figure.canvas.get_renderer().buffer_rgba()).copy()
+    finally:
+        for artist in animated:
+            artist.set_animated(True)
+        widget._animated = animated
+        widget.figure.canvas.draw()
+
+
+def shown_by_blitting_then_by_matplotlib(widget, change):
+    """The picture after ``change`` as blitting sent it, and as matplotlib draws it."""
     recorder = Recorder(widget)
     widget.figure.canvas.draw()  # what the browser asks for when the widget appears
     requests, sent = recorder.full_requests, recorder.pictures_sent
@@ -61,26 +76,25 @@ def shown_by_blitting_then_by_full_draw(widget, change):
     assert recorder.full_requests == requests, "the update asked for a full draw instead of blitting"
     assert recorder.pictures_sent == sent + 1, "the blitted picture was not sent"
     blitted = recorder.picture()
-    widget.figure.canvas.draw()
-    return blitted, recorder.picture()
+    return blitted, plain_matplotlib_picture(widget)
 
 
-def test_heatmap_blits_the_same_picture_a_full_draw_gives(ipympl_canvas, solved):
+def test_heatmap_blits_the_picture_matplotlib_draws(ipympl_canvas, solved):
     widget = AttentionHeatmap(solved.attention_weights, solved.attention, X, X, V)
     for change in (lambda: setattr(widget.query, "value", 2), lambda: setattr(widget.sharpen, "value", 3.0)):
-        blitted, full = shown_by_blitting_then_by_full_draw(widget, change)
+        blitted, full = shown_by_blitting_then_by_matplotlib(widget, change)
         assert np.array_equal(blitted, full)
 
 
-def test_scaling_explorer_blits_the_same_picture_a_full_draw_gives(ipympl_canvas, solved):
+def test_scaling_explorer_blits_the_picture_matplotlib_draws(ipympl_canvas, solved):
     widget = ScalingExplorer(solved.softmax)
     for change in (lambda: setattr(widget.scaled, "value", False), lambda: setattr(widget.d, "value", 16)):
-        blitted, full = shown_by_blitting_then_by_full_draw(widget, change)
+        blitted, full = shown_by_blitting_then_by_matplotlib(widget, change)
         assert np.array_equal(blitted, full)
 
 
 class Stretchy(Explorer):
-    """A widget whose update also changes the y limits when asked to."""
+    """A widget whose update also changes the y limits, or adds a line, when asked to."""
 
     css_class = "stretchy"
 
@@ -93,7 +107,6 @@ class Stretchy(Explorer):
         self.axes.set_title("bars")
         self.bars = self.axes.bar([0, 1], [0.0, 0.0])
         self.axes.set_ylim(0, 2)
-        self.animate(*self.bars)
         self.refresh()
 
     def update(self):
@@ -101,6 +114,8 @@ class Stretchy(Explorer):
             bar.set_height(self.height.value)
         if self.height.value > 2:
             self.axes.set_ylim(0, 2 * self.height.value)
+        if self.height.value == 0.5:
+            self.axes.axhline(0.5, color="black")
 
 
 def test_a_change_of_limits_redraws_everything_and_lays_the_figure_out_again(ipympl_canvas, monkeypatch):
@@ -117,6 +132,10 @@ def test_a_change_of_limits_redraws_everything_and_lays_the_figure_out_again(ipy
     widget.figure.canvas.draw()
     widget.height.value = 4.5
     assert (recorder.full_requests, len(layouts)) == (2, 2)
+    widget.figure.canvas.draw()
+    widget.height.value = 0.5  # a new line: drawn in full, and animated from then on
+    assert recorder.full_requests == 3
+    assert widget.axes.lines[0] in widget._animated and widget.axes.lines[0].get_animated()
 
 
 def test_figures_are_laid_out_once_not_on_every_draw(solved):
