@@ -190,6 +190,11 @@ class Explorer(widgets.VBox):
         for artist in self._animated:
             if artist.get_visible() and (artist.axes is None or artist.axes.get_visible()):
                 self.figure.draw_artist(artist)
+        # The picture is now current. Drawing marks some artists (a legend's parts)
+        # stale, and with them the figure; pyplot (%matplotlib widget) redraws stale
+        # figures in full after every message from the browser, and a full draw
+        # ends here again: an endless loop, and a full draw after every blit.
+        self.figure.stale = False
 
     def _on_full_draw(self, _event) -> None:
         """After the whole figure is drawn (without animated artists): save it, add them."""

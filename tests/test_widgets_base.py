@@ -20,10 +20,12 @@ V = torch.tensor([[1.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
 def ipympl_canvas():
     """Figures get ipympl's canvas (what %matplotlib widget gives a notebook); its
     pictures are recorded instead of being sent to a browser."""
-    previous = matplotlib.get_backend()
+    previous, interactive = matplotlib.get_backend(), matplotlib.is_interactive()
     plt.switch_backend("module://ipympl.backend_nbagg")
+    matplotlib.interactive(True)  # as in a notebook: a stale figure asks to be drawn again
     yield
     plt.close("all")
+    matplotlib.interactive(interactive)
     plt.switch_backend(previous)
 
 
@@ -71,10 +73,13 @@ def shown_by_blitting_then_by_matplotlib(widget, change):
     """The picture after ``change`` as blitting sent it, and as matplotlib draws it."""
     recorder = Recorder(widget)
     widget.figure.canvas.draw()  # what the browser asks for when the widget appears
+    # pyplot redraws stale figures in full after every message from the browser
+    assert not widget.figure.stale, "the figure is stale after a full draw: it would be drawn again and again"
     requests, sent = recorder.full_requests, recorder.pictures_sent
     change()
     assert recorder.full_requests == requests, "the update asked for a full draw instead of blitting"
     assert recorder.pictures_sent == sent + 1, "the blitted picture was not sent"
+    assert not widget.figure.stale, "the figure is stale after blitting: pyplot would draw it again in full"
     blitted = recorder.picture()
     return blitted, plain_matplotlib_picture(widget)
 
