@@ -127,6 +127,10 @@ class Exercise:
     # Extra whole-function checks (e.g. "no loop over heads"): each takes the
     # learner's object and returns None or a message.
     properties: Sequence[Callable[[Any], str | None]] = ()
+    # The learner's object this exercise grades when it is not ``name``: a check
+    # with its own points on another exercise's object (e.g. "no loop over heads"
+    # in ``MultiHeadAttention``), usually with properties and no cases.
+    target: str | None = None
 
 
 # ---------------------------------------------------------------- comparison
@@ -298,22 +302,23 @@ def check(assignment: str, name: str, namespace: dict) -> None:
             "[mistake:tampering]"
         )
     exercise = find_exercise(assignment, name)
-    learner = namespace.get(name, _MISSING)
+    target = exercise.target or name
+    learner = namespace.get(target, _MISSING)
     if learner is _MISSING:
-        raise CheckFailed(f"`{name}` is not defined: run its exercise cell, and keep the name `{name}`.")
+        raise CheckFailed(f"`{target}` is not defined: run its exercise cell, and keep the name `{target}`.")
     ref = reference.load(assignment)
     restore = substitute(namespace, {dep: getattr(ref, dep) for dep in exercise.depends_on})
     try:
         problem = None
         for prop in exercise.properties:
             problem = problem or prop(learner)
-        problem = problem or diagnose(exercise, learner, getattr(ref, name), ref, list(exercise.cases(ref)))
+        problem = problem or diagnose(exercise, learner, getattr(ref, target), ref, list(exercise.cases(ref)))
     except BaseException:
         restore()
         raise
     if problem:
         restore()
-        raise CheckFailed(problem if problem.startswith("`") else f"`{name}`: {problem}")
+        raise CheckFailed(problem if problem.startswith("`") else f"`{target}`: {problem}")
     # The visible checks that follow in the same cell also run with the
     # reference dependencies, so they too judge this exercise alone.
     _restore_after_this_cell(restore)

@@ -17,7 +17,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
-from .plots import heatmap
+from .plots import heatmap, nice_ceiling
 
 CHANGED, UNCHANGED = "crimson", "0.7"
 
@@ -154,7 +154,7 @@ class MaskExplorer(Explorer):
             bar.set_color(CHANGED if t in changed else UNCHANGED)
             label.set_position((t, float(self.moved[t])))
             label.set_text(f"{float(self.moved[t]):.2f}" if t in changed else "0")
-        self.change_axes.set_ylim(0, max(1.0, 1.15 * float(self.moved.max())))
+        self.change_axes.set_ylim(0, nice_ceiling(max(1.0, 1.15 * float(self.moved.max()))))
 
         j = self.token.value
         name = f"token {j} “{self.tokens[j]}”"

@@ -217,7 +217,8 @@ class RelativeScores(Explorer):
         scores = self.rotated(q, positions, base) @ self.rotated(k, positions, base).T   # (N, N): [m, n]
         self.scores = scores
         m, n = self.query_position.value, self.key_position.value
-        limit = float(scores.abs().max()) or 1.0
+        # 3 digits: shifting both positions changes the scores only by rounding noise
+        limit = float(f"{float(scores.abs().max()):.3g}") or 1.0
         self.image.set_data(scores.numpy())
         self.image.set_clim(-limit, limit)
         self.cell_box.set_xy((n - 0.5, m - 0.5))
