@@ -9,11 +9,18 @@
   and from every other mutant of its exercise, and a learner who wrote exactly
   the mutant is told that mistake.
 * Importing ``torch._dynamo`` (transformers does) is not taken for tampering.
+* The notebook's optional hub cell: given a checkpoint folder in the hub's
+  layout it loads it into the learner's model, matches transformers and
+  writes; offline, while graded, or when the download fails it says so and skips.
 """
+import ast
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +158,79 @@ def test_importing_torch_dynamo_is_not_tampering():
         "assert t.replaced() == ['torch.manual_seed'], t.replaced()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------- the optional hub cell
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "solutions" / "07_llama" / "07_llama.ipynb"
+
+
+def notebook_cell(marker: str) -> str:
+    """The source of the solution notebook's code cell that contains ``marker``."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    found = [src for src in ("".join(c["source"]) for c in cells if c["cell_type"] == "code") if marker in src]
+    assert len(found) == 1, marker
+    return found[0]
+
+
+def definitions(source: str):
+    """A cell's imports and function definitions, without its other statements."""
+    tree = ast.parse(source)
+    tree.body = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef))]
+    return compile(tree, "<notebook cell>", "exec")
+
+
+@pytest.fixture
+def hub_namespace(ref):
+    """What the hub cell finds in the notebook: the answers, config_from_hf, the imports."""
+    namespace = {name: getattr(ref, name) for name in ("ModelConfig", "Llama", "generate", "load_hf_llama_state_dict")}
+    namespace.update(torch=torch, os=os, tempfile=tempfile, GRADING=False)
+    exec(definitions(notebook_cell("def config_from_hf")), namespace)
+    return namespace
+
+
+HUB_CELL = "def run_published_checkpoint"
+
+
+def test_hub_cell_loads_a_checkpoint_in_the_hubs_layout(hub_namespace, tmp_path, capsys):
+    """What the cell does online, from a folder instead of the hub: a tied LLaMA with
+    LLaMA's vocabulary and random weights, no tokenizer (so token ids are shown)."""
+    exec(definitions(notebook_cell(HUB_CELL)), hub_namespace)
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    randomised(transformers.LlamaForCausalLM(config), seed=3).save_pretrained(tmp_path)
+    hub_namespace["run_published_checkpoint"](str(tmp_path))
+    out = capsys.readouterr().out
+    assert "(no tokenizer" in out
+    difference = float(re.search(r"largest logit difference from transformers (\S+)", out).group(1))
+    assert difference < 1e-4
+    ids = ast.literal_eval(out.strip().splitlines()[-1])
+    assert ids[:5] == [1, 9038, 2501, 263, 931] and len(ids) == 5 + 60
+
+
+class Unreachable:
+    @staticmethod
+    def from_pretrained(*args, **kwargs):
+        raise OSError("huggingface.co: no route to host")
+
+
+@pytest.mark.parametrize("situation", ["graded", "offline", "download fails"])
+def test_hub_cell_skips_with_a_reason_and_never_fails(hub_namespace, monkeypatch, capsys, situation):
+    import socket
+
+    if situation == "graded":
+        hub_namespace["GRADING"] = True
+    if situation == "offline":
+        def no_network(*args, **kwargs):
+            raise OSError("Name or service not known")
+        monkeypatch.setattr(socket, "create_connection", no_network)
+    if situation == "download fails":
+        monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: socket.socket())
+        hub_namespace["LlamaForCausalLM"] = Unreachable
+    exec(compile(notebook_cell(HUB_CELL), "<notebook cell>", "exec"), hub_namespace)
+    out = capsys.readouterr().out
+    expected = {"graded": "skipped while the notebook is graded",
+                "offline": "skipped: the Hugging Face hub is not reachable",
+                "download fails": "skipped: could not load the checkpoint (OSError"}[situation]
+    assert out.startswith(expected)
