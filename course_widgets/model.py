@@ -325,8 +325,8 @@ class GenerationExplorer(Explorer):
         self.samples = samples
         vocab = getattr(getattr(model, "config", None), "vocab_size", 64)
         self.prompt = widgets.Text(prompt, description="prompt", continuous_update=False).add_class("prompt-box")
-        self.temperature = widgets.FloatSlider(0.8, min=0.0, max=2.0, step=0.1,
-                                               description="temperature").add_class("temperature-slider")
+        self.temperature = widgets.FloatSlider(0.8, min=0.0, max=2.0, step=0.1, description="temperature",
+                                               style={"description_width": "initial"}).add_class("temperature-slider")
         self.top_k = widgets.IntSlider(0, min=0, max=vocab, description="top-k (0: off)",
                                        style={"description_width": "initial"}).add_class("top-k-slider")
         self.length = widgets.IntSlider(length, min=10, max=600, step=10, description="length").add_class("length-slider")
