@@ -252,3 +252,32 @@ def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved, model,
     widget = AttentionMaps(model, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights,
                            solved.causal_mask)
     assert widget.skipped and not hasattr(widget, "figure")
+
+
+# ---------------------------------------------------------------- blitting (course_widgets/base.py)
+
+def test_attention_maps_blit_the_picture_matplotlib_draws(solved, model, corpus):
+    """On ipympl's canvas, another head or query changes only data: it is blitted over
+    a saved picture of the rest, and what is sent is what matplotlib draws in full.
+    (The generation widget's tick labels, the likeliest characters, change with most
+    inputs, so it is drawn in full: nothing to compare.)"""
+    import matplotlib
+    import numpy as np
+
+    from test_widgets_base import shown_by_blitting_then_by_matplotlib
+
+    _, _, encode, decode = corpus
+    previous, interactive = matplotlib.get_backend(), matplotlib.is_interactive()
+    plt.switch_backend("module://ipympl.backend_nbagg")
+    matplotlib.interactive(True)
+    try:
+        maps = AttentionMaps(model, "the fox and the owl", encode, decode, solved.apply_rope,
+                             solved.attention_weights, solved.causal_mask)
+        for change in (lambda: setattr(maps.head, "value", 2), lambda: setattr(maps.query, "value", 7),
+                       lambda: setattr(maps.layer, "value", 0)):
+            blitted, full = shown_by_blitting_then_by_matplotlib(maps, change)
+            assert np.array_equal(blitted, full)
+    finally:
+        plt.close("all")
+        matplotlib.interactive(interactive)
+        plt.switch_backend(previous)
