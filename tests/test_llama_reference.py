@@ -184,8 +184,8 @@ def definitions(source: str):
 def hub_namespace(ref):
     """What the hub cell finds in the notebook: the answers, config_from_hf, the imports."""
     namespace = {name: getattr(ref, name) for name in ("ModelConfig", "Llama", "generate", "load_hf_llama_state_dict")}
-    namespace.update(torch=torch, os=os, tempfile=tempfile, GRADING=False)
-    exec(definitions(notebook_cell("def config_from_hf")), namespace)
+    namespace.update(torch=torch, os=os, tempfile=tempfile, grading_now=lambda: False)
+    exec(compile(notebook_cell("def config_from_hf"), "<notebook cell>", "exec"), namespace)  # imports transformers
     return namespace
 
 
@@ -215,12 +215,14 @@ class Unreachable:
         raise OSError("huggingface.co: no route to host")
 
 
-@pytest.mark.parametrize("situation", ["graded", "offline", "download fails"])
+@pytest.mark.parametrize("situation", ["graded", "no transformers", "offline", "download fails"])
 def test_hub_cell_skips_with_a_reason_and_never_fails(hub_namespace, monkeypatch, capsys, situation):
     import socket
 
     if situation == "graded":
-        hub_namespace["GRADING"] = True
+        hub_namespace["grading_now"] = lambda: True
+    if situation == "no transformers":
+        hub_namespace["LlamaForCausalLM"] = None  # what the import cell leaves when the import fails
     if situation == "offline":
         def no_network(*args, **kwargs):
             raise OSError("Name or service not known")
@@ -231,6 +233,7 @@ def test_hub_cell_skips_with_a_reason_and_never_fails(hub_namespace, monkeypatch
     exec(compile(notebook_cell(HUB_CELL), "<notebook cell>", "exec"), hub_namespace)
     out = capsys.readouterr().out
     expected = {"graded": "skipped while the notebook is graded",
+                "no transformers": "skipped: Hugging Face transformers is not installed",
                 "offline": "skipped: the Hugging Face hub is not reachable",
                 "download fails": "skipped: could not load the checkpoint (OSError"}[situation]
     assert out.startswith(expected)
