@@ -343,6 +343,12 @@ class GenerationExplorer(Explorer):
         self.bars = self.axes.bar(range(self.SHOWN), [0.0] * self.SHOWN, color="tab:green",
                                   label=f"share of {samples} samples")
         (self.exact,) = self.axes.plot([], [], "o", color="black", markersize=4, label="exact probability")
+        # The characters under the bars are texts, not tick labels: they change with most
+        # inputs, and data (texts included) is blitted while new tick labels redraw everything
+        self.axes.set_xticks([])
+        self.axes.set_xlim(-0.6, self.SHOWN - 0.4)
+        self.labels = [self.axes.text(i, -0.02, "", ha="center", va="top", fontsize=10,
+                                      transform=self.axes.get_xaxis_transform()) for i in range(self.SHOWN)]
         self.axes.set_ylim(0, 1.02)
         self.axes.set_ylabel("probability")
         self.axes.legend(loc="upper right", fontsize=8)
@@ -401,7 +407,8 @@ class GenerationExplorer(Explorer):
         for bar, i in zip(self.bars, order):
             bar.set_height(float(shares[i]))
         self.exact.set_data(range(len(order)), exact[order].numpy())
-        self.axes.set_xticks(range(len(order)), labels)
+        for i, text in enumerate(self.labels):
+            text.set_text(labels[i] if i < len(labels) else "")
         setting = "greedy (temperature 0)" if temperature == 0 else f"temperature {temperature:.1f}"
         setting += f", top-k {top_k}" if top_k else ""
         self.axes.set_title(f"next character after “{self.prompt.value[-20:]}”: {setting}", fontsize=9)

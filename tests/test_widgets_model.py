@@ -256,11 +256,11 @@ def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved, model,
 
 # ---------------------------------------------------------------- blitting (course_widgets/base.py)
 
-def test_attention_maps_blit_the_picture_matplotlib_draws(solved, model, corpus):
-    """On ipympl's canvas, another head or query changes only data: it is blitted over
-    a saved picture of the rest, and what is sent is what matplotlib draws in full.
-    (The generation widget's tick labels, the likeliest characters, change with most
-    inputs, so it is drawn in full: nothing to compare.)"""
+def test_attention_maps_and_generation_blit_the_picture_matplotlib_draws(solved, model, corpus):
+    """On ipympl's canvas, another head or query, temperature or top-k changes only
+    data (the generation widget's characters are texts, not tick labels): it is
+    blitted over a saved picture of the rest, and what is sent is what matplotlib
+    draws in full."""
     import matplotlib
     import numpy as np
 
@@ -277,6 +277,13 @@ def test_attention_maps_blit_the_picture_matplotlib_draws(solved, model, corpus)
                        lambda: setattr(maps.layer, "value", 0)):
             blitted, full = shown_by_blitting_then_by_matplotlib(maps, change)
             assert np.array_equal(blitted, full)
+        explorer = GenerationExplorer(solved.generate, model, encode, decode, prompt="the ", samples=100)
+        for change in (lambda: setattr(explorer.temperature, "value", 1.5),
+                       lambda: setattr(explorer.top_k, "value", 3)):
+            before = [text.get_text() for text in explorer.labels]
+            blitted, full = shown_by_blitting_then_by_matplotlib(explorer, change)
+            assert np.array_equal(blitted, full)
+        assert [text.get_text() for text in explorer.labels] != before  # the characters moved, blitted
     finally:
         plt.close("all")
         matplotlib.interactive(interactive)
