@@ -14,19 +14,118 @@ time against kernels forked by a ``sandbox.Zygote``:
 - processes a cell leaves behind (a fork bomb) are killed after the cell;
 - printed output beyond a limit per cell is dropped (with a note), so 50 MB of
   prints cost neither memory nor time downstream.
+
+``SandboxKernelManager`` makes a kernel forked by the zygote look like any
+Jupyter kernel to nbclient.
 """
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from queue import Empty
 
+from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 
-from .sandbox import Limits, SandboxKernelManager, Zygote, ZygoteGone
+from .sandbox import Limits, Zygote, ZygoteGone
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A Jupyter kernel forked by a ``Zygote``; nbclient drives it like any other."""
+
+    def __init__(self, zygote: Zygote, kernel_dir: Path, cwd: str, env: dict, arguments: list[str],
+                 files: dict | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.zygote = zygote
+        self.kernel_dir = Path(kernel_dir)
+        self.kernel_cwd = cwd
+        self.kernel_env = env
+        self.kernel_arguments = arguments
+        self.kernel_files = files or {}
+        self.transport = "ipc"
+        self.ip = str(self.kernel_dir / "k")
+        self.connection_file = str(self.kernel_dir / "kernel.json")
+        self._pid: int | None = None
+
+    @property
+    def has_kernel(self) -> bool:
+        return self._pid is not None
+
+    @property
+    def ipykernel(self) -> bool:
+        return True
+
+    async def _async_start_kernel(self, **kwargs) -> None:  # type: ignore[override]
+        self.kernel_dir.mkdir(parents=True, exist_ok=True)
+        self.zygote.own(self.kernel_dir, writable=True)
+        self.write_connection_file()
+        if self.zygote.as_root and self.zygote.sandboxed and self.zygote.uid is not None:
+            os.chown(self.connection_file, self.zygote.uid, self.zygote.uid)
+        reply = self.zygote.request(
+            "spawn", connection_file=self.connection_file, cwd=self.kernel_cwd, env=self.kernel_env,
+            arguments=self.kernel_arguments, limits=asdict(self.zygote.limits), files=self.kernel_files,
+            log="/tmp/kernel.log")
+        self._pid = reply["pid"]
+
+    start_kernel = _async_start_kernel
+
+    def lock(self) -> None:
+        """Once the kernel has made its sockets, the notebook may not write there any more."""
+        self.zygote.own(self.kernel_dir, writable=False)
+
+    async def _async_is_alive(self) -> bool:  # type: ignore[override]
+        if self._pid is None:
+            return False
+        try:
+            return bool(self.zygote.request("poll", pid=self._pid)["alive"])
+        except ZygoteGone:
+            return False
+
+    async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
+        if self._pid is not None:
+            try:
+                self.zygote.request("signal", pid=self._pid, signal=int(signal.SIGINT))
+            except ZygoteGone:
+                pass
+
+    def sweep(self) -> int:
+        """Kill what the notebook started besides its kernel; the number killed."""
+        if self._pid is None:
+            return 0
+        try:
+            return int(self.zygote.request("sweep", pid=self._pid).get("killed", 0))
+        except ZygoteGone:
+            return 0
+
+    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+        try:
+            self.zygote.request("reset", timeout=120)
+        except ZygoteGone:
+            pass
+        self._pid = None
+        await self.cleanup_resources()
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
+        try:
+            self.cleanup_connection_file()
+            self.cleanup_ipc_files()
+        except OSError:
+            pass
+        if self.kernel_dir.exists():
+            shutil.rmtree(self.kernel_dir, ignore_errors=True)
+
+    # jupyter_client calls both the public and the underscored names
+    is_alive = _async_is_alive
+    interrupt_kernel = _async_interrupt_kernel
+    shutdown_kernel = _async_shutdown_kernel
+    cleanup_resources = _async_cleanup_resources
 
 
 @dataclass
@@ -49,7 +148,7 @@ class Execution:
 
 
 def error_output(ename: str, evalue: str):
-    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])  # noqa: E731
 
 
 def _grade_id(cell) -> str | None:

@@ -4,6 +4,8 @@
     ./course grade 01_attention            # one assignment
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
     ./course grade --workers 4 --cell-timeout 60 --force
+    python -P -m autograder.grade ...      # the same, from a course folder (-P: the folder's own
+                                           # autograder/ work folder must not shadow the package)
 
 Steps: find the submissions (``collect``), make sure the gradebook knows the
 assignments (nbgrader's ``generate_assignment``, into a scratch release folder),
@@ -32,9 +34,9 @@ from pathlib import Path
 from . import reference
 from .collect import collect
 from .job import AssignmentSpec, Job, Result, grade_in_worker, worker_init
-from .judge import expected_checks
 from .sandbox import Limits, probe
 from .tamper import GradebookView
+from .verdict import expected_checks
 
 PACKAGE = Path(__file__).resolve().parent
 
@@ -244,6 +246,12 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     started = time.monotonic()
+    import autograder
+
+    if Path(getattr(autograder, "__file__", None) or "/").parent != PACKAGE:
+        print("grade: the course folder's autograder/ shadows the autograder package: run "
+              "`python -P -m autograder.grade` (or ./course grade)", file=sys.stderr)
+        return 2
     root = Path.cwd() if (Path.cwd() / "nbgrader_config.py").is_file() else PACKAGE.parent
     course = Course(root, args.db)
     say = (lambda text: print(text, file=sys.stderr)) if not args.quiet else (lambda text: None)

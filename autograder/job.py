@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+from nbformat.v4 import new_output
 
-from . import judge as judging
-from .execute import ContainedExecute, Execution, error_output
 from .sandbox import Limits, Zygote, kernel_environment
 from .tamper import GradebookView, inspect, sanitize
+from .verdict import mistake_of
 
 
 @dataclass
@@ -66,6 +66,7 @@ class CheckRecord:
     passed: bool
     message: str | None
     mistake: str | None
+    mistake_name: str | None = None
 
 
 @dataclass
@@ -132,6 +133,10 @@ def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tupl
     return nb, notes
 
 
+def error_output(ename: str, evalue: str):
+    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
 def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNode:
     """The released notebook, marked as not graded, every check failing with ``message``."""
     nb = nbformat.reads(spec.released, as_version=4)
@@ -146,7 +151,7 @@ def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNo
 
 # ---------------------------------------------------------------- verdicts into outputs
 
-def apply_verdicts(nb, server: judging.VerdictServer, expected: dict, execution: Execution) -> tuple[list, list]:
+def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
     """Make each grade cell's outputs agree with the grader's own record of its checks.
 
     A check that failed, did not finish or never reported gets its error output
@@ -161,7 +166,7 @@ def apply_verdicts(nb, server: judging.VerdictServer, expected: dict, execution:
             continue
         verdicts = {v.exercise: v for v in server.cell_verdicts(gid)}
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        for _, exercise in expected[gid]:
+        for assignment, exercise in expected[gid]:
             verdict = verdicts.get(exercise)
             if verdict is None:
                 message = f"The hidden checks of `{exercise}` did not run."
@@ -175,11 +180,14 @@ def apply_verdicts(nb, server: judging.VerdictServer, expected: dict, execution:
                 message = verdict.message
             if verdict is not None and verdict.tampered:
                 flags.append("patched-functions")
-            if message and judging.mistake_of(message) == "tampering" and verdict is not None:
+            if message and mistake_of(message) == "tampering" and verdict is not None:
                 flags.append("patched-functions")
             if message and not any(o.get("evalue") == message for o in errors):
                 cell.outputs.append(error_output("CheckFailed", message))
-            records.append(CheckRecord(gid, exercise, message is None, message, judging.mistake_of(message)))
+            mistake = mistake_of(message)
+            judge = server.judges.get(assignment)
+            records.append(CheckRecord(gid, exercise, message is None, message, mistake,
+                                       judge.mistake_name(exercise, mistake) if judge and mistake else None))
     return records, flags
 
 
@@ -199,6 +207,9 @@ def scores_of(nb) -> dict:
 def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     """Grade ``job`` in ``zygote``'s sandbox; never raises for anything the submission does."""
     from nbgrader.preprocessors import IgnorePattern, LimitOutput
+
+    from . import judge as judging
+    from .execute import ContainedExecute
 
     started = time.monotonic()
     spec = job.spec
@@ -247,7 +258,7 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     nb, resources = IgnorePattern().preprocess(nb, resources)
     nb, resources = LimitOutput().preprocess(nb, resources)
     result.checks = records
-    result.flags += [f for f in flags if f not in result.flags]
+    result.flags += [f for f in dict.fromkeys(flags) if f not in result.flags]
     if execution.faults:
         kinds = sorted({f.kind for f in execution.faults})
         result.flags += [f"fault:{k}" for k in kinds if f"fault:{k}" not in result.flags]
@@ -281,8 +292,10 @@ def worker_init(slots, course_root: str, limits: Limits, sandboxed: bool, base_d
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     slot = slots.get()
     zygote = Zygote(slot, Path(course_root), limits, sandboxed=sandboxed, base_dir=Path(base_dir))
+    zygote.launch()  # the sandbox imports torch while this process does the same
+    from . import execute, judge  # noqa: F401
     _worker.update(zygote=zygote, judges={})
-    zygote.start()
+    zygote.wait_ready()
 
 
 def grade_in_worker(job: Job) -> Result:

@@ -20,25 +20,13 @@ import ast
 import copy
 import os
 import pickle
-import re
 import socketserver
 import threading
 from dataclasses import dataclass, field
 
 from . import checks, reference, verdict
 
-CHECK_CALL = re.compile(r"""check\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
-MISTAKE_TAG = re.compile(r"\[mistake:([a-z0-9][a-z0-9_-]{0,59})\]\s*$")
-
-
-def expected_checks(source: str) -> list[tuple[str, str]]:
-    """(assignment, exercise) of each ``check(...)`` call in a grade cell's source."""
-    return CHECK_CALL.findall(source)
-
-
-def mistake_of(message: str | None) -> str | None:
-    found = MISTAKE_TAG.search(message or "")
-    return found.group(1) if found else None
+from .verdict import mistake_of
 
 
 @dataclass
@@ -176,6 +164,15 @@ class Judge:
                                    "keep the notebook's cells in their original order."}
         source = dict(self.cells)
         return {"cells": [(gid, source[gid]) for gid in cell_ids], "cases": cases}
+
+    def mistake_name(self, name: str, mistake_id: str | None) -> str | None:
+        """The learner-facing name of a catalogued mistake (for the class report)."""
+        if mistake_id == "tampering":
+            return "replaced functions the checks rely on, or the grading helpers"
+        for mistake in getattr(self.exercises.get(name), "mistakes", ()):
+            if mistake.id == mistake_id:
+                return " ".join(mistake.name.split())
+        return None
 
     # ------------------------------------------------------------ comparing
     def expected(self, name: str) -> list:

@@ -87,28 +87,14 @@ def _png(figure) -> str:
     return '<img alt="" src="data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode() + '">'
 
 
-def _mistake_names() -> dict:
-    from .exercises import module_for
-
-    names = {"tampering": "replaced functions the checks rely on, or the grading helpers"}
-    return names | _catalogue(module_for)
-
-
-def _catalogue(module_for) -> dict:
-    import re
-
-    from .release import assignments
-
-    found = {}
-    for assignment in assignments():
-        try:
-            exercises = module_for(assignment).EXERCISES
-        except Exception:
-            continue
-        for exercise in exercises.values():
-            for mistake in exercise.mistakes:
-                found.setdefault(mistake.id, re.sub(r"\s+", " ", mistake.name))
-    return found
+def _mistake_names(summaries: dict) -> dict:
+    """Mistake id -> the name students read, as the graders recorded it."""
+    names = {}
+    for summary in summaries.values():
+        for check in summary.get("checks", []):
+            if check.get("mistake") and check.get("mistake_name"):
+                names.setdefault(check["mistake"], check["mistake_name"])
+    return names
 
 
 def _table(header, body) -> str:
@@ -124,7 +110,7 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     summaries = ledger.summaries()
-    names = _mistake_names()
+    names = _mistake_names(summaries)
     by_assignment: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_assignment[row.assignment].append(row)

@@ -19,8 +19,8 @@ every notebook. The sandbox has
 - per-kernel limits (``Limits``): address space, CPU time, file size, process
   count; wall-clock limits per cell and per notebook are the executor's job.
 
-``SandboxKernelManager`` makes such a forked kernel look like any Jupyter
-kernel to nbclient. ``probe()`` says why the sandbox cannot start here, if it
+``execute.SandboxKernelManager`` makes such a forked kernel look like any
+Jupyter kernel to nbclient. ``probe()`` says why the sandbox cannot start here, if it
 cannot; the grader then refuses to run unless told to grade unsandboxed, in
 which case the same zygote runs as a plain process (limits, but no isolation).
 """
@@ -35,10 +35,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-
-from jupyter_client.manager import AsyncKernelManager
 
 PACKAGE = Path(__file__).resolve().parent
 SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
@@ -253,6 +251,11 @@ class Zygote:
             os.chmod(path, 0o755)
 
     def start(self, timeout: float = 300.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the sandbox; it warms up while the caller does other work (``wait_ready``)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)
         self.own(self.run_dir, writable=False)
@@ -263,6 +266,8 @@ class Zygote:
             cwd=str(self.run_dir), start_new_session=True)
         log.close()
         self.starts += 1
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
         line = self._read(timeout)
         if not line:
             self.close()
@@ -311,7 +316,7 @@ class Zygote:
 
     def remove(self) -> None:
         self.close()
-        shutil.rmtree(self.base, ignore_errors=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # ------------------------------------------------------------ requests
     def request(self, op: str, timeout: float = 60.0, **fields) -> dict:
@@ -370,94 +375,3 @@ def probe(course_root: Path) -> str | None:
         return f"bubblewrap cannot start a sandbox here: {error}"
     finally:
         shutil.rmtree(base, ignore_errors=True)
-
-
-class SandboxKernelManager(AsyncKernelManager):
-    """A Jupyter kernel forked by a ``Zygote``; nbclient drives it like any other."""
-
-    def __init__(self, zygote: Zygote, kernel_dir: Path, cwd: str, env: dict, arguments: list[str],
-                 files: dict | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.zygote = zygote
-        self.kernel_dir = Path(kernel_dir)
-        self.kernel_cwd = cwd
-        self.kernel_env = env
-        self.kernel_arguments = arguments
-        self.kernel_files = files or {}
-        self.transport = "ipc"
-        self.ip = str(self.kernel_dir / "k")
-        self.connection_file = str(self.kernel_dir / "kernel.json")
-        self._pid: int | None = None
-
-    @property
-    def has_kernel(self) -> bool:
-        return self._pid is not None
-
-    @property
-    def ipykernel(self) -> bool:
-        return True
-
-    async def _async_start_kernel(self, **kwargs) -> None:  # type: ignore[override]
-        self.kernel_dir.mkdir(parents=True, exist_ok=True)
-        self.zygote.own(self.kernel_dir, writable=True)
-        self.write_connection_file()
-        if self.zygote.as_root and self.zygote.sandboxed and self.zygote.uid is not None:
-            os.chown(self.connection_file, self.zygote.uid, self.zygote.uid)
-        reply = self.zygote.request(
-            "spawn", connection_file=self.connection_file, cwd=self.kernel_cwd, env=self.kernel_env,
-            arguments=self.kernel_arguments, limits=asdict(self.zygote.limits), files=self.kernel_files,
-            log="/tmp/kernel.log")
-        self._pid = reply["pid"]
-
-    start_kernel = _async_start_kernel
-
-    def lock(self) -> None:
-        """Once the kernel has made its sockets, the notebook may not write there any more."""
-        self.zygote.own(self.kernel_dir, writable=False)
-
-    async def _async_is_alive(self) -> bool:  # type: ignore[override]
-        if self._pid is None:
-            return False
-        try:
-            return bool(self.zygote.request("poll", pid=self._pid)["alive"])
-        except ZygoteGone:
-            return False
-
-    async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
-        if self._pid is not None:
-            try:
-                self.zygote.request("signal", pid=self._pid, signal=int(signal.SIGINT))
-            except ZygoteGone:
-                pass
-
-    def sweep(self) -> int:
-        """Kill what the notebook started besides its kernel; the number killed."""
-        if self._pid is None:
-            return 0
-        try:
-            return int(self.zygote.request("sweep", pid=self._pid).get("killed", 0))
-        except ZygoteGone:
-            return 0
-
-    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
-        try:
-            self.zygote.request("reset", timeout=120)
-        except ZygoteGone:
-            pass
-        self._pid = None
-        await self.cleanup_resources()
-
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
-        try:
-            self.cleanup_connection_file()
-            self.cleanup_ipc_files()
-        except OSError:
-            pass
-        if self.kernel_dir.exists():
-            shutil.rmtree(self.kernel_dir, ignore_errors=True)
-
-    # jupyter_client calls both the public and the underscored names
-    is_alive = _async_is_alive
-    interrupt_kernel = _async_interrupt_kernel
-    shutdown_kernel = _async_shutdown_kernel
-    cleanup_resources = _async_cleanup_resources

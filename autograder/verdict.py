@@ -20,6 +20,7 @@ import json
 import math
 import os
 import pickle
+import re
 import socket
 
 ENVIRONMENT = "AUTOGRADER_VERDICTS"
@@ -29,6 +30,21 @@ TENSOR_DTYPES = (
     "float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool",
     "complex64", "complex128",
 )
+
+
+CHECK_CALL = re.compile(r"""check\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
+MISTAKE_TAG = re.compile(r"\[mistake:([a-z0-9][a-z0-9_-]{0,59})\]\s*$")
+
+
+def expected_checks(source: str) -> list[tuple[str, str]]:
+    """(assignment, exercise) of each ``check(...)`` call in a grade cell's source."""
+    return CHECK_CALL.findall(source)
+
+
+def mistake_of(message: str | None) -> str | None:
+    """The ``[mistake:<id>]`` a check's message ends with, if any."""
+    found = MISTAKE_TAG.search(message or "")
+    return found.group(1) if found else None
 
 
 class ProtocolError(ValueError):
