@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +52,7 @@ class SandboxKernelManager(AsyncKernelManager):
         self.ip = str(self.kernel_dir / "k")
         self.connection_file = str(self.kernel_dir / "kernel.json")
         self._pid: int | None = None
+        self.swept = 0  # processes killed when interrupting
 
     @property
     def has_kernel(self) -> bool:
@@ -89,9 +89,10 @@ class SandboxKernelManager(AsyncKernelManager):
             return False
 
     async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
+        """Interrupt the kernel, first killing what it started (a fork bomb would starve it)."""
         if self._pid is not None:
             try:
-                self.zygote.request("signal", pid=self._pid, signal=int(signal.SIGINT))
+                self.swept += int(self.zygote.request("interrupt", pid=self._pid).get("killed", 0))
             except ZygoteGone:
                 pass
 
@@ -175,6 +176,7 @@ class ContainedExecute(Execute):
         self.iopub_timeout = 4
         self.record_timing = False
         self._timed_out = False
+        self._swept = 0
         self._printed: dict[int, int] = {}
         self._cut: set[int] = set()
         self._kernel_count = 0
@@ -196,28 +198,37 @@ class ContainedExecute(Execute):
 
     # ------------------------------------------------------------ kernels
     async def _ready(self, deadline: float) -> None:
-        """Wait until the kernel answers on shell and iopub (no fixed sleeps)."""
+        """Wait until the kernel answers on shell and iopub (no fixed sleeps).
+
+        A kernel_info request goes out every half second until one is answered;
+        any answer counts, and the kernel is ready once iopub also shows that
+        request's "idle" (so no output of the first cell can be missed).
+        """
         kc = self.kc
+        asked: set[str] = set()
+        answered: str | None = None
+        next_request = 0.0
         while time.monotonic() < deadline:
-            msg_id = kc.kernel_info()
+            if answered is None and time.monotonic() >= next_request:
+                asked.add(kc.kernel_info())
+                next_request = time.monotonic() + 0.5
+            channel = kc.iopub_channel if answered else kc.shell_channel
             try:
-                reply = await kc.shell_channel.get_msg(timeout=0.5)
+                msg = await channel.get_msg(timeout=0.1)
             except Empty:
-                if not await self.km.is_alive():
+                if answered is None and not await self.km.is_alive():
                     raise DeadKernelError("the kernel died while starting")
                 continue
-            if reply["parent_header"].get("msg_id") != msg_id:
+            parent = msg["parent_header"].get("msg_id")
+            if answered is None:
+                if parent in asked and msg["msg_type"] == "kernel_info_reply":
+                    answered = parent
+                    kc._handle_kernel_info_reply(msg)
                 continue
-            idle_by = time.monotonic() + 1.0
-            while time.monotonic() < idle_by:
-                try:
-                    msg = await kc.iopub_channel.get_msg(timeout=max(0.01, idle_by - time.monotonic()))
-                except Empty:
-                    break
-                if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
-                        and msg["content"]["execution_state"] == "idle"):
-                    kc._handle_kernel_info_reply(reply)
-                    return
+            if parent in asked and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return
+            if parent not in asked:
+                continue
         raise RuntimeError("the kernel did not start in time")
 
     async def _start_kernel(self) -> None:
@@ -241,6 +252,8 @@ class ContainedExecute(Execute):
                     raise RuntimeError(f"no kernel could start: {error}; {self.zygote.log_tail()}") from error
 
     async def _stop_kernel(self) -> None:
+        if self.km is not None:
+            self._swept += self.km.swept
         if self.kc is not None:
             try:
                 self.kc.stop_channels()
@@ -350,6 +363,7 @@ class ContainedExecute(Execute):
                 if index >= stopped_at and index not in faulty:
                     self.nb.cells[index].outputs = [error_output("NotRun", stop_reason)]
                     report.faults.append(Fault(index, "not-run", stop_reason))
+        report.stray_processes += self._swept
         for index in sorted(self._cut):
             report.truncated.append(index)
             note = (f"... output cut: this cell printed more than {self.limits.output_mb:g} MB; "

@@ -246,6 +246,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     started = time.monotonic()
+    _quiet_library_warnings()
     import autograder
 
     if Path(getattr(autograder, "__file__", None) or "/").parent != PACKAGE:
@@ -326,6 +327,15 @@ def main(argv=None) -> int:
                   graded_now=results, skipped=skipped, problems=problems + collection.messages,
                   seconds=time.monotonic() - started, csv_path=csv_path, report_path=report_path))
     return 1 if problems else 0
+
+
+def _quiet_library_warnings() -> None:
+    """nbgrader's own API warns on every new submission (SQLAlchemy autoflush), nbformat on
+    duplicated cell ids (which a submission may well have): noise on the instructor's screen."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*not in session.*")
+    warnings.filterwarnings("ignore", message=".*Non-unique cell id.*")
 
 
 def _graded_in_gradebook(course: Course) -> set:

@@ -150,7 +150,7 @@ class Judge:
         exercise = self.exercises[name]
         cases, used = self._pickle_cases(name)
         needed = set(exercise.depends_on) | used
-        cell_ids = self._cells_for(needed)
+        cell_ids = self._cells_for(needed) if needed else []
         for gid in cell_ids:
             if gid in self.setup_ids:
                 continue

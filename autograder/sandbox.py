@@ -115,7 +115,7 @@ def _widgets_folder() -> Path | None:
 
 
 def _etc_files() -> list[Path]:
-    names = ["ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "passwd", "group", "hosts"]
+    names = ["ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "passwd", "group", "hosts", "fonts"]
     return [Path("/etc") / n for n in names if (Path("/etc") / n).exists()]
 
 

@@ -139,10 +139,23 @@ class ViewOverwriteKernelspec(OverwriteKernelspec):
 
 
 def sanitize(nb, view: GradebookView, resources: dict):
-    """nbgrader's sanitizing preprocessors, in autograde's order; deleted graded cells come back."""
-    steps = [ClearOutput(), DeduplicateIds(), ViewOverwriteKernelspec(view=view),
-             ViewOverwriteCells(view=view, add_missing_cells=True), CheckCellMetadata()]
-    for step in steps:
+    """nbgrader's sanitizing preprocessors, in autograde's order; deleted graded cells come back.
+
+    nbgrader's ``DeduplicateIds`` keeps the last copy of a duplicated cell; run
+    on the reversed notebook it keeps the first, the one in its original place
+    (a copy moved to the end would otherwise be checked after the exercises
+    that build on it). The copies it demotes keep an empty ``nbgrader``
+    metadata dict, which ``CheckCellMetadata`` rejects: those are removed.
+    """
+    nb, resources = ClearOutput().preprocess(nb, resources)
+    nb.cells.reverse()
+    nb, resources = DeduplicateIds().preprocess(nb, resources)
+    nb.cells.reverse()
+    for cell in nb.cells:
+        if "nbgrader" in cell.metadata and not cell.metadata["nbgrader"]:
+            del cell.metadata["nbgrader"]
+    for step in (ViewOverwriteKernelspec(view=view), ViewOverwriteCells(view=view, add_missing_cells=True),
+                 CheckCellMetadata()):
         nb, resources = step.preprocess(nb, resources)
     return nb, resources
 

@@ -8,7 +8,8 @@ one JSON line on stdout:
 
 - ``spawn``: fork a child that becomes an IPython kernel for one notebook, with
   its own session, working folder, environment and resource limits;
-- ``poll`` / ``signal``: is that kernel alive, interrupt it;
+- ``poll`` / ``signal``: is that kernel alive, signal it; ``interrupt``: freeze
+  it, kill whatever it started, then deliver the KeyboardInterrupt;
 - ``sweep``: kill every process in the sandbox but this one and the kernel
   (what a forking cell left behind); ``reset``: kill them all, kernel included,
   and wipe the private temporary and working folders, ready for the next notebook.
@@ -112,15 +113,18 @@ class Zygote:
         return found
 
     def _kill_others(self, keep: set[int]) -> int:
-        """SIGKILL everything outside ``keep`` until nothing is left; the count killed.
+        """SIGKILL every process in the sandbox outside ``keep``; how many there were.
 
-        A fork bomb keeps forking while we kill it; stopping first (SIGSTOP)
-        freezes it, and every round finds fewer processes. Only processes of our
-        own uid can be signalled, which inside the sandbox is all of them.
+        A fork bomb refills every slot its killed processes free, so killing
+        one by one never ends. Everything is stopped first (stopped processes
+        cannot fork, and with the process limit reached no new one can appear),
+        then killed. With nothing to keep, ``kill(-1)`` does it at once: the
+        kernel signals every process of our pid namespace we may signal, except
+        pid 1 and ourselves.
         """
-        killed = 0
         if not self.config.get("pid_namespace", True):
             # Unsandboxed: /proc shows the whole machine; only our own children are ours.
+            killed = 0
             for pid, status in list(self.children.items()):
                 if pid not in keep and status is None:
                     try:
@@ -130,21 +134,33 @@ class Zygote:
                         pass
             self._reap()
             return killed
-        for _ in range(200):
-            victims = self._others(keep)
+        stopped: set[int] = set()
+        for _ in range(1000):
+            victims = set(self._others(keep)) - stopped
             if not victims:
                 break
-            for sig in (signal.SIGSTOP, signal.SIGKILL):
-                for pid in victims:
-                    try:
-                        os.kill(pid, sig)
-                        if sig == signal.SIGKILL:
-                            killed += 1
-                    except OSError:
-                        pass
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+            stopped |= victims
+        if not keep:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for _ in range(500):  # until pid 1 and we have reaped them all
             self._reap()
+            if not self._others(keep):
+                break
             time.sleep(0.002)
-        return killed
+        return len(stopped)
 
     def _reap(self) -> None:
         while True:
@@ -240,6 +256,21 @@ class Zygote:
             return {}
         if op == "sweep":
             return {"killed": self._kill_others({request["pid"]})}
+        if op == "interrupt":
+            # Freeze the kernel so it stops forking, kill everything it started,
+            # then let it go with a KeyboardInterrupt waiting for it.
+            pid = request["pid"]
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                return {"killed": 0}
+            killed = self._kill_others({pid})
+            for sig in (signal.SIGINT, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            return {"killed": killed}
         if op == "reset":
             killed = self._kill_others(set())
             self.children = {pid: s for pid, s in self.children.items() if s is None}

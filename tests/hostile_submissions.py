@@ -43,8 +43,11 @@ def _index(notebook, grade_id: str) -> int:
     return next(i for i, cell in enumerate(notebook.cells) if _grade_id(cell) == grade_id)
 
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
 def fill(text: str, course: Course) -> str:
-    return text.replace("{course}", str(course.root))
+    return text.replace("{course}", str(course.root)).replace("{repository}", str(REPOSITORY))
 
 
 def submit(course: Course, entry: dict) -> Path:

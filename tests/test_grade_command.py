@@ -1,0 +1,187 @@
+"""``./course grade`` end to end: the real command, the real bwrap sandbox, a real SQLite gradebook.
+
+One class-scoped run grades the whole hostile catalogue (``tests/hostile/catalogue.yml``)
+together with ordinary students; each test then reads the gradebook, the CSV,
+the ledger, the feedback and the report. The expectations sit in the catalogue.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grading_harness import UNTOUCHED, Course, grade_cells
+from hostile_submissions import ASSIGNMENT, fill, load_catalogue, submit_all
+
+from autograder.job import REVIEW_FLAGS
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+CATALOGUE = load_catalogue()
+NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
+
+
+def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """The grading command as an instructor runs it (``./course grade`` runs exactly this)."""
+    command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *args]
+    return subprocess.run(command, cwd=course_root, capture_output=True, text=True, timeout=timeout,
+                          env=env or os.environ.copy())
+
+
+def autograder_dir(course: Course) -> Path:
+    return course.root / "autograder"
+
+
+def ledger(course: Course) -> dict:
+    db = sqlite3.connect(autograder_dir(course) / ".work" / "grading.sqlite")
+    try:
+        return {(s, a): json.loads(x) for s, a, x in db.execute("SELECT student, assignment, summary FROM graded")}
+    finally:
+        db.close()
+
+
+def feedback_text(course: Course, student: str, assignment: str = ASSIGNMENT) -> str:
+    return course.feedback_text(student, assignment)
+
+
+def sandbox_works() -> bool:
+    from autograder.sandbox import probe
+
+    return probe(REPOSITORY) is None
+
+
+pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot start a sandbox here")
+
+
+# ---------------------------------------------------------------- the hostile class
+
+class TestHostileClass:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run(cls, tmp_path_factory):
+        course = Course.create(tmp_path_factory.mktemp("hostile"), ["00_start_here", ASSIGNMENT])
+        submit_all(course)
+        course.submit("reference", ASSIGNMENT)
+        course.submit("reference", "00_start_here")
+        course.submit("one-mistake", ASSIGNMENT, {"softmax": NO_MAX_SOFTMAX})
+        course.submit("untouched", ASSIGNMENT, UNTOUCHED)
+        submitted = {path: path.read_bytes() for path in (autograder_dir(course) / "submitted").rglob("*") if path.is_file()}
+        result = grade(course.root, "--cell-timeout", "5", "--notebook-timeout", "120")
+        return course, result, submitted
+
+    def scores(self, course: Course, student: str, assignment: str = ASSIGNMENT) -> dict:
+        return {cell[len("test_"):]: score for cell, score in course.scores(student, assignment).items()}
+
+    def full(self, course: Course, assignment: str = ASSIGNMENT) -> dict:
+        return {cell[len("test_"):]: points for cell, points in course.max_scores(assignment).items()}
+
+    def test_the_run_completes(self, run):
+        _, result, _ = run
+        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        assert "Graded " in result.stdout and "Report:" in result.stdout
+
+    @pytest.mark.parametrize("entry", CATALOGUE, ids=[e["id"] for e in CATALOGUE])
+    def test_hostile_submission(self, run, entry):
+        course, _, _ = run
+        expect = entry.get("expect", {})
+        student = entry["id"]
+        scores = self.scores(course, student)
+        full = self.full(course)
+        wanted = {name: 0.0 for name in full} if expect.get("all_zero") else {
+            name: (0.0 if name in expect.get("zero", []) else points) for name, points in full.items()}
+        assert scores == wanted, f"{student}: {entry['what']}"
+        summary = ledger(course)[(student, ASSIGNMENT)]
+        assert summary["graded"] == expect.get("graded", True), summary["messages"]
+        for flag in expect.get("flags", []):
+            assert flag in summary["flags"], (flag, summary["flags"], summary["messages"])
+        if expect.get("flags_any"):
+            assert set(expect["flags_any"]) & set(summary["flags"]), (expect["flags_any"], summary["flags"])
+        if "flags" not in expect:  # nothing to review in what it did
+            assert not set(summary["flags"]) & REVIEW_FLAGS, summary
+        for text in expect.get("messages", []):
+            assert any(text in message for message in summary["messages"]), (text, summary["messages"])
+        page = feedback_text(course, student)
+        for text in expect.get("feedback", []):
+            assert fill(text, course) in page, text
+        for text in expect.get("feedback_absent", []):
+            assert fill(text, course) not in page, text
+        for relative in expect.get("host_untouched", []):
+            assert not (course.root / relative).exists(), relative
+
+    def test_other_students_are_unaffected(self, run):
+        course, _, _ = run
+        assert self.scores(course, "reference") == self.full(course)
+        assert course.scores("reference", "00_start_here") == course.max_scores("00_start_here")
+        assert self.scores(course, "one-mistake") == {**self.full(course), "softmax": 0.0}
+        assert set(self.scores(course, "untouched").values()) == {0.0}
+        assert not ledger(course)[("reference", ASSIGNMENT)]["flags"]
+
+    def test_submitted_files_are_never_modified(self, run):
+        course, _, submitted = run
+        now = {path: path.read_bytes() for path in (autograder_dir(course) / "submitted").rglob("*") if path.is_file()}
+        assert now == submitted
+
+    def test_feedback_shows_outcome_points_and_message(self, run):
+        course, _, _ = run
+        page = feedback_text(course, "one-mistake")
+        assert "[mistake:softmax-no-max-subtraction]" in page
+        assert "no max subtraction" in page
+        assert "Score: 0.0 / 3.0" in page, "the failed check's points"
+        assert "Score: 4.0 / 4.0" in page, "a passed check's points"
+
+    def test_no_feedback_shows_hidden_test_code(self, run):
+        course, _, _ = run
+        hidden_lines = set()
+        for assignment in ("00_start_here", ASSIGNMENT):
+            notebook = json.loads((course.root / "solutions" / assignment / f"{assignment}.ipynb").read_text())
+            for cell in notebook["cells"]:
+                source = "".join(cell["source"])
+                for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", source, re.S):
+                    hidden_lines |= {line.strip() for line in region.splitlines() if line.strip()}
+        assert hidden_lines
+        pages = list((autograder_dir(course) / "feedback").rglob("*.html"))
+        assert len(pages) == len(CATALOGUE) + 4
+        for page in pages:
+            raw = page.read_text(encoding="utf-8")
+            text = html.unescape(re.sub(r"<[^>]+>", "", raw))
+            for secret in ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "_check_outside", "def check(", *hidden_lines):
+                assert secret not in text, f"{page.relative_to(course.root)} shows {secret!r}"
+
+    def test_csv_agrees_with_gradebook(self, run):
+        course, _, _ = run
+        path = autograder_dir(course) / "reports" / "grades.csv"
+        rows = list(csv.DictReader(path.open(encoding="utf-8")))
+        assert rows and set(rows[0]) >= {"student", "assignment", "exercise", "points", "max_points", "flags"}
+        seen = set()
+        for row in rows:
+            cell = f"test_{row['exercise']}"
+            assert float(row["points"]) == course.scores(row["student"], row["assignment"])[cell], row
+            assert float(row["max_points"]) == course.max_scores(row["assignment"])[cell], row
+            seen.add((row["student"], row["assignment"], cell))
+        expected = {(s, a, c) for s, a in ledger(course) for c in grade_cells(course.released(a))}
+        assert seen == expected
+        flagged = {row["student"] for row in rows if "patched-functions" in row["flags"]}
+        assert {"patches-allclose", "patches-numpy-testing"} <= flagged
+
+    def test_report_shows_distribution_misconceptions_and_flags(self, run):
+        course, _, _ = run
+        report = (autograder_dir(course) / "reports" / "class-report.html").read_text(encoding="utf-8")
+        assert report.count("data:image/png;base64,") >= 3
+        for text in ("score distribution", "Most common misconceptions", "softmax-no-max-subtraction",
+                     "Flagged for review", "redefines-check", "graded-cell-deleted", "Could not be graded",
+                     "invalid-json"):
+            assert text in report, text
+
+    def test_rerun_grades_nothing_new(self, run):
+        course, _, _ = run
+        again = grade(course.root, "--cell-timeout", "5")
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert "Graded 0 notebook(s)" in again.stdout
+        assert f"{len(CATALOGUE) + 4} unchanged" in again.stdout
