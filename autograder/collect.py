@@ -76,10 +76,7 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                 continue
             if wanted and assignment not in wanted:
                 continue
-            timestamp = None
-            stamp = assignment_dir / "timestamp.txt"
-            if stamp.is_file():
-                timestamp = stamp.read_text(errors="replace").strip() or None
+            timestamp = _stamp(assignment_dir)
             present = _notebooks(assignment_dir)
             expected = notebooks[assignment]
             unexpected = [p for p in present if p.stem not in expected]
@@ -139,7 +136,7 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
         if wanted and assignment not in wanted:
             continue
         key = (info["student_id"], notebook)
-        timestamp = info.get("timestamp") or None
+        timestamp = valid_timestamp(info.get("timestamp"))
         if key in chosen and (chosen[key][1] or "") >= (timestamp or ""):
             found.messages.append(f"{path.name}: skipped, an equally recent or newer file for "
                                   f"{info['student_id']}/{notebook} is in the same collection")
@@ -166,7 +163,20 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
 
 def _stamp(folder: Path) -> str | None:
     path = folder / "timestamp.txt"
-    return (path.read_text(errors="replace").strip() or None) if path.is_file() else None
+    return valid_timestamp(path.read_text(errors="replace").strip()) if path.is_file() else None
+
+
+def valid_timestamp(text: str | None) -> str | None:
+    """``text`` if nbgrader can read it as a time, else None (the submission then has no time)."""
+    from nbgrader.utils import parse_utc
+
+    if not text:
+        return None
+    try:
+        parse_utc(text)
+    except (ValueError, OverflowError):
+        return None
+    return text
 
 
 def unzip(archive: Path, target: Path) -> tuple[Path, list[str]]:

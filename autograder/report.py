@@ -126,6 +126,7 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         top = max(maximum.values()) if maximum else 0
         scores = list(totals.values())
         parts.append(f"<h2>{html.escape(assignment)}</h2>")
+        parts.append("<h3>Score distribution and pass rate per exercise</h3>")
         parts.append(f"<p>{len(scores)} submissions; mean {statistics.fmean(scores):.2f} / {top:g}, "
                      f"median {statistics.median(scores):.2f}.</p>" if scores else "<p>No submissions.</p>")
         figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))

@@ -20,7 +20,6 @@ import ast
 import json
 from dataclasses import dataclass, field
 
-from nbgrader import utils
 from nbgrader.api import MissingEntry
 from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, NbGraderPreprocessor,
                                     OverwriteCells, OverwriteKernelspec)
@@ -257,7 +256,7 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
                     full = resolve(_dotted(node.args[0]))
                     if watched(full):
                         found.append(f"calls {name} on {full}")
-                elif name and name.endswith("set_custom_exc"):
+                if isinstance(node.func, ast.Attribute) and node.func.attr == "set_custom_exc":
                     found.append("installs a handler that hides errors (set_custom_exc)")
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
@@ -332,6 +331,3 @@ def _parses(source: str) -> bool:
     except SyntaxError:
         return False
 
-
-def is_grade_cell(cell) -> bool:
-    return utils.is_grade(cell)

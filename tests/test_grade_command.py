@@ -25,6 +25,7 @@ from autograder.job import REVIEW_FLAGS
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue()
+LIMITS = ("--cell-timeout", "5", "--notebook-timeout", "120")  # short, so hanging fixtures cost seconds
 NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
 
 
@@ -73,7 +74,7 @@ class TestHostileClass:
         course.submit("one-mistake", ASSIGNMENT, {"softmax": NO_MAX_SOFTMAX})
         course.submit("untouched", ASSIGNMENT, UNTOUCHED)
         submitted = {path: path.read_bytes() for path in (autograder_dir(course) / "submitted").rglob("*") if path.is_file()}
-        result = grade(course.root, "--cell-timeout", "5", "--notebook-timeout", "120")
+        result = grade(course.root, *LIMITS)
         return course, result, submitted
 
     def scores(self, course: Course, student: str, assignment: str = ASSIGNMENT) -> dict:
@@ -174,14 +175,133 @@ class TestHostileClass:
         course, _, _ = run
         report = (autograder_dir(course) / "reports" / "class-report.html").read_text(encoding="utf-8")
         assert report.count("data:image/png;base64,") >= 3
-        for text in ("score distribution", "Most common misconceptions", "softmax-no-max-subtraction",
+        for text in ("Score distribution", "pass rate per exercise", "Most common misconceptions", "softmax-no-max-subtraction",
                      "Flagged for review", "redefines-check", "graded-cell-deleted", "Could not be graded",
                      "invalid-json"):
             assert text in report, text
 
-    def test_rerun_grades_nothing_new(self, run):
+    def test_rerun_grades_only_new_or_changed_submissions(self, run):
+        """Last in the class: it changes the class."""
         course, _, _ = run
-        again = grade(course.root, "--cell-timeout", "5")
+        again = grade(course.root, *LIMITS)
         assert again.returncode == 0, again.stderr[-2000:]
-        assert "Graded 0 notebook(s)" in again.stdout
+        assert "Graded 0 notebook(s)" in again.stdout, again.stdout
         assert f"{len(CATALOGUE) + 4} unchanged" in again.stdout
+        course.submit("one-mistake", ASSIGNMENT)  # fixed: now the reference answers
+        course.submit("late-joiner", "00_start_here")
+        third = grade(course.root, *LIMITS)
+        assert third.returncode == 0, third.stderr[-2000:]
+        assert "Graded 2 notebook(s)" in third.stdout, third.stdout
+        assert self.scores(course, "one-mistake") == self.full(course)
+        assert course.scores("late-joiner", "00_start_here") == course.max_scores("00_start_here")
+
+
+# ---------------------------------------------------------------- crash, resume, unsandboxed
+
+def gradebook_dump(course: Course) -> dict:
+    """Everything grading writes to the gradebook, comparable between two courses."""
+    from nbgrader.api import Gradebook
+
+    dump = {}
+    with Gradebook(course.db_url) as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in assignment.submissions:
+                key = (submission.student.id, assignment.name)
+                dump[key + ("timestamp",)] = submission.timestamp
+                for notebook in submission.notebooks:
+                    dump[key + (notebook.name, "flagged")] = notebook.flagged
+                    dump[key + (notebook.name, "late")] = notebook.late_submission_penalty
+                    for grade in notebook.grades:
+                        dump[key + (grade.name,)] = (grade.auto_score, grade.manual_score, grade.needs_manual_grade)
+                    for comment in notebook.comments:
+                        dump[key + (comment.name, "comment")] = (comment.auto_comment, comment.manual_comment)
+    return dump
+
+
+def running_for(course: Course) -> list[str]:
+    """Command lines of processes still working on ``course`` (the grader, its workers, sandboxes)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                command = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(course.root) in command:
+                found.append(command[:200])
+    return found
+
+
+class TestCrashAndResume:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def courses(cls, tmp_path_factory):
+        import shutil
+
+        base = tmp_path_factory.mktemp("resume")
+        killed = Course.create(base / "killed", ["00_start_here", ASSIGNMENT])
+        slow = "import time\ntime.sleep(2)"
+        for number, student in enumerate(["ann", "ben", "cid", "dee", "eve"]):
+            answers = {"softmax": NO_MAX_SOFTMAX} if number % 2 else None
+            killed.submit(student, ASSIGNMENT, answers, edit=lambda nb: nb.cells.append(
+                __import__("nbformat").v4.new_code_cell(slow)))
+            killed.submit(student, "00_start_here")
+        killed.submit("fay", ASSIGNMENT, UNTOUCHED)
+        shutil.copytree(killed.root, base / "clean")
+        clean = Course(base / "clean")
+        result = grade(clean.root, *LIMITS)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return killed, clean
+
+    def test_killed_at_any_moment_then_rerun_gives_the_clean_gradebook(self, courses):
+        import signal
+        import time
+
+        killed, clean = courses
+        command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *LIMITS]
+        process = subprocess.Popen(command, cwd=killed.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+        ledger_path = autograder_dir(killed) / ".work" / "grading.sqlite"
+        deadline = time.monotonic() + 600
+        committed = 0
+        while time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.2)
+            if ledger_path.exists():
+                try:
+                    db = sqlite3.connect(ledger_path)
+                    committed = db.execute("SELECT COUNT(*) FROM graded").fetchone()[0]
+                    db.close()
+                except sqlite3.Error:
+                    continue
+                if committed >= 3:
+                    break
+        assert process.poll() is None, "the run ended before it could be killed"
+        os.killpg(process.pid, signal.SIGKILL)  # kill -9, the command and everything in its group
+        process.wait()
+        for _ in range(100):
+            if not running_for(killed):
+                break
+            time.sleep(0.1)
+        assert not running_for(killed), "workers or sandboxes outlived the killed command"
+        db = sqlite3.connect(ledger_path)
+        committed = db.execute("SELECT COUNT(*) FROM graded").fetchone()[0]
+        db.close()
+        assert 3 <= committed < 11
+        resumed = grade(killed.root, *LIMITS)
+        assert resumed.returncode == 0, resumed.stderr[-2000:]
+        assert f"{committed} unchanged" in resumed.stdout, resumed.stdout
+        assert gradebook_dump(killed) == gradebook_dump(clean)
+        for student in ("ann", "ben", "cid", "dee", "eve", "fay"):
+            assert (autograder_dir(killed) / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").is_file()
+
+    def test_refuses_without_the_sandbox_unless_told(self, courses):
+        _, clean = courses
+        env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no bwrap on it
+        refused = grade(clean.root, *LIMITS, env=env)
+        assert refused.returncode == 2
+        assert "bubblewrap is not installed" in refused.stderr and "--unsandboxed" in refused.stderr
+        before = gradebook_dump(clean)
+        unsandboxed = grade(clean.root, *LIMITS, "--unsandboxed", "--force", env=env)
+        assert unsandboxed.returncode == 0, unsandboxed.stderr[-2000:]
+        assert "Graded 11 notebook(s)" in unsandboxed.stdout
+        assert gradebook_dump(clean) == before  # the same grades without the sandbox

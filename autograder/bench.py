@@ -1,0 +1,278 @@
+"""Benchmark: grade a synthetic class with stock nbgrader and with ``./course grade``.
+
+    ./course bench grading [--students 40] [--seed 1] [--keep DIR] [--skip-stock]
+
+Builds a class of ``--students`` students over every released notebook, a
+realistic mix: most submissions correct, some with one or two exercises
+wrong (left unfinished, a missing ``return``, a crash), a few broken (a syntax
+error, the untouched release, a file cut off mid-save). Two copies of that
+course are graded on this machine, one after the other:
+
+- stock: ``nbgrader autograde`` per assignment (one notebook after another,
+  each in a fresh kernel), then ``nbgrader generate_feedback``;
+- ours: ``./course grade`` (sandboxed, parallel, feedback, CSV and report).
+
+Printed: wall time of each and their ratio, the overhead per notebook beyond
+the time its own cells take, peak memory (resident, summed over the process
+tree), and whether the two agree on every grade. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+import nbformat
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------- the class
+
+def make_course(root: Path) -> list[str]:
+    """A course copy in ``root`` (config, solutions, a fresh gradebook and release); its assignments."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPOSITORY / "nbgrader_config.py", root)
+    shutil.copytree(REPOSITORY / "solutions", root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (root / "autograder").mkdir(exist_ok=True)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    assignments = sorted(p.name for p in (root / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
+    for assignment in assignments:
+        result = api.generate_assignment(assignment, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(result["error"])
+    return assignments
+
+
+def _answer_cells(notebook) -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells
+            if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata["nbgrader"].get("grade")}
+
+
+def _bug(kind: str, stub: str, reference: str) -> str:
+    """A wrong answer of the given kind, from the released stub or the reference answer."""
+    if kind == "unfinished":
+        return stub
+    if kind == "no-return":
+        return stub.replace("raise NotImplementedError()", "pass")
+    if kind == "crash":
+        return stub.replace("raise NotImplementedError()", "return undefined_helper(locals())")
+    if kind == "syntax-error":
+        return reference.rstrip() + "\n    return (\n"
+    raise ValueError(kind)
+
+
+def submit_class(root: Path, assignments: list[str], students: int, seed: int) -> dict:
+    """Write every student's submissions; {kind: count}."""
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    for assignment in assignments:
+        released = nbformat.read(root / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+        solution = nbformat.read(root / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+        references = {gid: cell.source for gid, cell in _answer_cells(solution).items()}
+        for number in range(students):
+            student = f"student{number:03d}"
+            draw = rng.random()
+            notebook = nbformat.from_dict(json.loads(json.dumps(released)))
+            answers = _answer_cells(notebook)
+            for gid, cell in answers.items():
+                cell.source = references[gid]
+            names = sorted(answers)
+            if draw < 0.55:
+                kind = "correct"
+            elif draw < 0.75:
+                kind = "one exercise wrong"
+                gid = rng.choice(names)
+                answers[gid].source = _bug(rng.choice(["unfinished", "no-return", "crash"]),
+                                           _answer_cells(released)[gid].source, references[gid])
+            elif draw < 0.87:
+                kind = "two exercises wrong"
+                for gid in rng.sample(names, min(2, len(names))):
+                    answers[gid].source = _bug(rng.choice(["unfinished", "no-return", "crash"]),
+                                               _answer_cells(released)[gid].source, references[gid])
+            elif draw < 0.93:
+                kind = "syntax error"
+                gid = rng.choice(names)
+                answers[gid].source = _bug("syntax-error", "", references[gid])
+            elif draw < 0.97:
+                kind = "untouched"
+                notebook = released
+            else:
+                kind = "cut off mid-save"
+            counts[kind] = counts.get(kind, 0) + 1
+            folder = root / "autograder" / "submitted" / student / assignment
+            folder.mkdir(parents=True, exist_ok=True)
+            text = nbformat.writes(notebook)
+            if kind == "cut off mid-save":
+                text = text[: len(text) // 3]
+            (folder / f"{assignment}.ipynb").write_text(text, encoding="utf-8")
+    return counts
+
+
+# ---------------------------------------------------------------- measuring
+
+class PeakMemory:
+    """Highest resident memory of this process's descendants (summed), sampled 10 times a second."""
+
+    def __init__(self):
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _tree_mb(self) -> float:
+        parents, rss = {}, {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                parents[int(name)] = int(fields[1])
+                rss[int(name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, IndexError, ValueError):
+                continue
+        me, total = os.getpid(), 0
+        for pid in rss:
+            ancestor, depth = parents.get(pid), 0
+            while ancestor and ancestor != me and depth < 50:
+                ancestor, depth = parents.get(ancestor), depth + 1
+            if ancestor == me:
+                total += rss[pid]
+        return total / 2 ** 20
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            self.peak_mb = max(self.peak_mb, self._tree_mb())
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _run(command: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    with PeakMemory() as memory:
+        started = time.perf_counter()
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+    return seconds, memory.peak_mb, result
+
+
+def _stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def stock_cell_seconds(root: Path) -> float:
+    """Time nbgrader's kernels spent in cells (from nbclient's timing metadata)."""
+    total = 0.0
+    for path in (root / "autograder" / "autograded").rglob("*.ipynb"):
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+        for cell in notebook["cells"]:
+            timing = cell.get("metadata", {}).get("execution", {})
+            if "iopub.status.busy" in timing and "iopub.status.idle" in timing:
+                total += max(0.0, _stamp(timing["iopub.status.idle"]) - _stamp(timing["iopub.status.busy"]))
+    return total
+
+
+def grades(root: Path) -> dict:
+    from nbgrader.api import Gradebook
+
+    found = {}
+    with Gradebook(f"sqlite:///{root / 'autograder' / 'gradebook.db'}") as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in assignment.submissions:
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        found[(submission.student.id, assignment.name, grade.name)] = grade.score
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--workers", type=int, help="for ./course grade (default: the machine's cores)")
+    parser.add_argument("--keep", type=Path, help="build the class here and keep it (default: a temporary folder)")
+    parser.add_argument("--skip-stock", action="store_true", help="time ./course grade only")
+    args = parser.parse_args(argv)
+    base = args.keep or Path(tempfile.mkdtemp(prefix="grading-bench-"))
+    try:
+        print(f"building a class of {args.students} students in {base} ...", flush=True)
+        assignments = make_course(base / "ours")
+        counts = submit_class(base / "ours", assignments, args.students, args.seed)
+        if not args.skip_stock:
+            shutil.copytree(base / "ours", base / "stock", symlinks=True)
+        notebooks = args.students * len(assignments)
+        print(f"{notebooks} notebooks ({', '.join(assignments)}): "
+              + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda x: -x[1])), flush=True)
+        cores = len(os.sched_getaffinity(0))
+        figures = {}
+        if not args.skip_stock:
+            nbgrader = str(Path(sys.executable).parent / "nbgrader")
+            started = time.perf_counter()
+            peak = 0.0
+            for assignment in assignments:
+                for step in ("autograde", "generate_feedback"):
+                    seconds, memory, result = _run([nbgrader, step, assignment, "--force"], base / "stock")
+                    peak = max(peak, memory)
+                    if result.returncode:
+                        print(f"  stock nbgrader {step} {assignment} exited {result.returncode}")
+            figures["stock"] = (time.perf_counter() - started, peak, stock_cell_seconds(base / "stock"), 1)
+            print(f"stock nbgrader: {figures['stock'][0]:.1f} s", flush=True)
+        command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet"]
+        if args.workers:
+            command += ["--workers", str(args.workers)]
+        seconds, peak, result = _run(command, base / "ours")
+        if result.returncode:
+            print(result.stdout[-2000:], result.stderr[-2000:])
+        from .writer import Ledger
+
+        ledger = Ledger(base / "ours" / "autograder" / ".work" / "grading.sqlite")
+        summaries = ledger.summaries()
+        ledger.close()
+        cell_seconds = sum(s.get("cell_seconds", 0.0) for s in summaries.values())
+        workers = args.workers or cores
+        figures["ours"] = (seconds, peak, cell_seconds, workers)
+        print()
+        print(f"{'':<28}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'peak MB':>9}")
+        for label, (wall, memory, cells, slots) in figures.items():
+            overhead = (wall * slots - cells) / notebooks
+            name = "stock nbgrader (sequential)" if label == "stock" else f"./course grade ({slots} workers)"
+            print(f"{name:<28}{wall:>9.1f}{cells:>9.1f}{overhead:>15.2f}{memory:>9.0f}")
+        if "stock" in figures:
+            print(f"speed-up: {figures['stock'][0] / figures['ours'][0]:.2f}x on {cores} cores")
+            stock, ours = grades(base / "stock"), grades(base / "ours")
+            same = sum(1 for key in stock if key in ours and abs((stock[key] or 0) - (ours[key] or 0)) < 1e-9)
+            print(f"grades agree on {same} of {len(stock)} graded cells"
+                  + ("" if same == len(stock) else f" ({len(stock) - same} differ: see {base})"))
+        print("overhead per notebook = (wall time x parallel slots - time spent in cells) / notebooks; "
+              "it includes starting kernels, sanitizing, scoring, feedback and, for ours, the report")
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
