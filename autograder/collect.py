@@ -21,6 +21,7 @@ notebook of that submission (it gets flagged ``wrong-file-name``).
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import zipfile
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ MAX_FILE = 200 * 1024 * 1024
 MAX_TOTAL = 2 * 1024 * 1024 * 1024
 MAX_FILES = 100_000
 IGNORED_PARTS = {"__MACOSX", ".ipynb_checkpoints", ".DS_Store"}
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")  # a folder name, never "..", never a path
 
 
 @dataclass
@@ -68,6 +70,9 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
     found = Collection()
     for student_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
         student = student_dir.name
+        if not STUDENT_ID.match(student):
+            found.messages.append(f"{student}: skipped, not a usable student id")
+            continue
         for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
             assignment = assignment_dir.name
             if assignment not in notebooks:
@@ -129,6 +134,9 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
                 found.messages.append(f"{path.name}: skipped, not a notebook")
             continue
         notebook = Path(info["file_id"]).stem
+        if not STUDENT_ID.match(info["student_id"]):
+            found.messages.append(f"{path.name}: skipped, {info['student_id']!r} cannot be a student id")
+            continue
         assignment = owner.get(notebook)
         if assignment is None:
             found.messages.append(f"{path.name}: skipped, {notebook!r} is not a notebook of any assignment")

@@ -187,48 +187,62 @@ class ContainedExecute(Execute):
         return await super()._async_handle_timeout(timeout, cell)
 
     def output(self, outs, msg, display_id, cell_index):
+        content = msg["content"]
         if msg["msg_type"] == "stream":
-            size = len(msg["content"].get("text", ""))
-            total = self._printed.get(cell_index, 0) + size
-            self._printed[cell_index] = total
-            if total > self.limits.output_mb * 1024 * 1024:
-                self._cut.add(cell_index)
-                return None
+            size = len(content.get("text", ""))
+        else:  # display data, results: their payloads
+            size = sum(len(value) if isinstance(value, str) else 64 for value in content.get("data", {}).values())
+        total = self._printed.get(cell_index, 0) + size
+        self._printed[cell_index] = total
+        if total > self.limits.output_mb * 1024 * 1024 and msg["msg_type"] != "error":
+            self._cut.add(cell_index)
+            return None
         return super().output(outs, msg, display_id, cell_index)
 
     # ------------------------------------------------------------ kernels
     async def _ready(self, deadline: float) -> None:
         """Wait until the kernel answers on shell and iopub (no fixed sleeps).
 
-        A kernel_info request goes out every half second until one is answered;
-        any answer counts, and the kernel is ready once iopub also shows that
-        request's "idle" (so no output of the first cell can be missed).
+        A kernel_info request goes out every half second until the kernel has
+        answered one on shell and iopub has shown an "idle" for one: iopub is a
+        subscription that may join late, so its first messages can be lost, and
+        no output of the first cell must be.
         """
         kc = self.kc
         asked: set[str] = set()
-        answered: str | None = None
+        replied = idle = False
         next_request = 0.0
         while time.monotonic() < deadline:
-            if answered is None and time.monotonic() >= next_request:
+            if time.monotonic() >= next_request:
                 asked.add(kc.kernel_info())
                 next_request = time.monotonic() + 0.5
-            channel = kc.iopub_channel if answered else kc.shell_channel
+            got_any = False
             try:
-                msg = await channel.get_msg(timeout=0.1)
+                msg = await kc.shell_channel.get_msg(timeout=0.05)
+                got_any = True
+                if msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "kernel_info_reply":
+                    if not replied:
+                        kc._handle_kernel_info_reply(msg)
+                    replied = True
             except Empty:
-                if answered is None and not await self.km.is_alive():
-                    raise DeadKernelError("the kernel died while starting")
-                continue
-            parent = msg["parent_header"].get("msg_id")
-            if answered is None:
-                if parent in asked and msg["msg_type"] == "kernel_info_reply":
-                    answered = parent
-                    kc._handle_kernel_info_reply(msg)
-                continue
-            if parent in asked and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                pass
+            try:
+                msg = await kc.iopub_channel.get_msg(timeout=0.05)
+                got_any = True
+                if (msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "status"
+                        and msg["content"]["execution_state"] == "idle"):
+                    idle = True
+            except Empty:
+                pass
+            if replied and idle:
+                while True:  # what is left of the kernel_info requests is not the first cell's
+                    try:
+                        await kc.iopub_channel.get_msg(timeout=0.05)
+                    except Empty:
+                        break
                 return
-            if parent not in asked:
-                continue
+            if not got_any and not await self.km.is_alive():
+                raise DeadKernelError("the kernel died while starting")
         raise RuntimeError("the kernel did not start in time")
 
     async def _start_kernel(self) -> None:
@@ -366,7 +380,7 @@ class ContainedExecute(Execute):
         report.stray_processes += self._swept
         for index in sorted(self._cut):
             report.truncated.append(index)
-            note = (f"... output cut: this cell printed more than {self.limits.output_mb:g} MB; "
+            note = (f"... output cut: this cell output more than {self.limits.output_mb:g} MB; "
                     "the rest is not kept ...\n")
             self.nb.cells[index].outputs.append(new_output("stream", name="stdout", text=note))
         return report

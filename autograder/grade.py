@@ -182,6 +182,7 @@ def run_jobs(jobs: list[Job], course: Course, limits: Limits, sandboxed: bool, w
                 max_workers=min(workers, len(pending)), mp_context=context, initializer=worker_init,
                 initargs=(slots, str(course.root), limits, sandboxed, str(base)))
             running = {}
+            wait = True
             try:
                 for key, job in list(pending.items()):
                     running[executor.submit(grade_in_worker, job)] = key
@@ -201,8 +202,11 @@ def run_jobs(jobs: list[Job], course: Course, limits: Limits, sandboxed: bool, w
                     on_result(result)
                     if progress:
                         progress.update(1)
+            except KeyboardInterrupt:
+                wait = False  # the workers die with us; what is committed stays
+                raise
             finally:
-                executor.shutdown(wait=True, cancel_futures=True)
+                executor.shutdown(wait=wait, cancel_futures=True)
             for key in list(pending):
                 attempts[key] = attempts.get(key, 0) + 1
                 if attempts[key] > 2:
@@ -315,6 +319,11 @@ def main(argv=None) -> int:
         progress = tqdm(total=len(jobs), unit="nb", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
         try:
             problems = run_jobs(jobs, course, limits, sandboxed, args.workers, commit, progress)
+        except KeyboardInterrupt:
+            progress.close()
+            print(f"grade: interrupted after {len(results)} notebook(s); run the same command again to "
+                  "grade the rest", file=sys.stderr)
+            return 130
         finally:
             progress.close()
     reports = course.coursedir.root and Path(course.coursedir.root) / "reports"

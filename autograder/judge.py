@@ -213,6 +213,8 @@ class Judge:
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    timeout = 120  # a connection that sends nothing is dropped; meanwhile only its own notebook waits
+
     def handle(self):
         server: VerdictServer = self.server.verdicts  # type: ignore[attr-defined]
         try:
@@ -226,8 +228,8 @@ class _Handler(socketserver.StreamRequestHandler):
             pass
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+class _UnixServer(socketserver.UnixStreamServer):
+    """One request at a time: a notebook flooding the socket cannot spawn threads here."""
 
 
 class VerdictServer:

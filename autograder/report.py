@@ -192,7 +192,7 @@ def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, s
     lines = []
     rejected = sum(1 for r in graded_now if not r.graded)
     lines.append(f"Graded {len(graded_now)} notebook(s) in {seconds:.1f} s"
-                 + (f" ({sum(r.cell_seconds for r in graded_now):.1f} s of it in their cells)" if graded_now else "")
+                 + (f" (their cells ran {sum(r.cell_seconds for r in graded_now):.1f} s in all)" if graded_now else "")
                  + f"; {skipped} unchanged; {rejected} could not be graded.")
     by_assignment: dict[str, list[Row]] = defaultdict(list)
     for row in rows:

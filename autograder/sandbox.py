@@ -46,7 +46,7 @@ PRELOAD = [
     "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell",
     # what starting a kernel app imports on its way (measured: 0.6 s when left to each kernel)
     "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib", "IPython.core.oinspect",
-    "IPython.extensions.storemagic", "sqlite3", "faulthandler", "http.server", "xmlrpc.server",
+    "IPython.extensions.storemagic", "IPython.core.logger", "sqlite3", "faulthandler", "http.server", "xmlrpc.server",
     "tornado.platform.asyncio", "tornado.queues", "encodings.idna",
     "matplotlib", "matplotlib.pyplot", "matplotlib_inline.backend_inline",
     "ipywidgets", "ipympl.backend_nbagg",
