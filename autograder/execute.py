@@ -53,6 +53,7 @@ class SandboxKernelManager(AsyncKernelManager):
         self.connection_file = str(self.kernel_dir / "kernel.json")
         self._pid: int | None = None
         self.swept = 0  # processes killed when interrupting
+        self.headroom_mb: float | None = None
 
     @property
     def has_kernel(self) -> bool:
@@ -97,13 +98,18 @@ class SandboxKernelManager(AsyncKernelManager):
                 pass
 
     def sweep(self) -> int:
-        """Kill what the notebook started besides its kernel; the number killed."""
+        """Kill what the notebook started besides its kernel; the number killed.
+
+        Also notes ``headroom_mb``, the memory the kernel may still take.
+        """
         if self._pid is None:
             return 0
         try:
-            return int(self.zygote.request("sweep", pid=self._pid).get("killed", 0))
+            reply = self.zygote.request("sweep", pid=self._pid)
         except ZygoteGone:
             return 0
+        self.headroom_mb = reply.get("headroom_mb")
+        return int(reply.get("killed", 0))
 
     async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         try:
@@ -347,12 +353,22 @@ class ContainedExecute(Execute):
                         report.stray_processes += self.km.sweep()
                     if outcome == "timeout":
                         report.faults.append(Fault(index, "timeout", f"interrupted after {self.timeout} s"))
-                    continue
+                    headroom = self.km.headroom_mb if self.km is not None else None
+                    if headroom is None or headroom > max(128.0, self.limits.memory_mb / 10):
+                        continue
+                    # The cell keeps (nearly) all the memory a notebook may have: every later
+                    # cell would fail for want of it. It counts as failed, like a crash.
+                    outcome = "memory"
                 if outcome == "hung":
                     message = (f"This cell ran past its time limit ({self.timeout} s) and did not stop when "
                                "interrupted, so its kernel was stopped; the rest of the notebook ran in a "
                                "fresh kernel without this cell.")
                     name = "CellTimeoutError"
+                elif outcome == "memory":
+                    message = (f"This cell kept almost all the memory a notebook may use "
+                               f"({self.limits.memory_mb} MB), so the rest of the notebook ran in a fresh "
+                               "kernel without this cell.")
+                    name = "MemoryError"
                 else:
                     message = ("The kernel stopped while running this cell (an exit, a crash, or the memory "
                                "or CPU limit); the rest of the notebook ran in a fresh kernel without this cell.")

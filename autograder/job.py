@@ -159,7 +159,7 @@ def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
     points. Returns (CheckRecords, flags).
     """
     records, flags = [], []
-    faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "not-run")}
+    faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "memory", "not-run")}
     for index, cell in enumerate(nb.cells):
         gid = cell.metadata.get("nbgrader", {}).get("grade_id") if cell.metadata.get("nbgrader", {}).get("grade") else None
         if gid not in expected:

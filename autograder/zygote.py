@@ -11,7 +11,8 @@ one JSON line on stdout:
 - ``poll`` / ``signal``: is that kernel alive, signal it; ``interrupt``: freeze
   it, kill whatever it started, then deliver the KeyboardInterrupt;
 - ``sweep``: kill every process in the sandbox but this one and the kernel
-  (what a forking cell left behind); ``reset``: kill them all, kernel included,
+  (what a forking cell left behind), and say how much memory the kernel has
+  left; ``reset``: kill them all, kernel included,
   and wipe the private temporary and working folders, ready for the next notebook.
 
 It never runs student code itself (only its forked children do), imports
@@ -162,6 +163,18 @@ class Zygote:
             time.sleep(0.002)
         return len(stopped)
 
+    def _headroom(self, pid: int) -> float | None:
+        """MB the kernel may still map before its address-space limit (None if unknown)."""
+        try:
+            limit = resource.prlimit(pid, resource.RLIMIT_AS)[0]
+            with open(f"/proc/{pid}/status") as status:
+                size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+        except (OSError, StopIteration, ValueError):
+            return None
+        if limit == resource.RLIM_INFINITY:
+            return None
+        return (limit - size) / 2 ** 20
+
     def _reap(self) -> None:
         while True:
             try:
@@ -255,7 +268,7 @@ class Zygote:
                 pass
             return {}
         if op == "sweep":
-            return {"killed": self._kill_others({request["pid"]})}
+            return {"killed": self._kill_others({request["pid"]}), "headroom_mb": self._headroom(request["pid"])}
         if op == "interrupt":
             # Freeze the kernel so it stops forking, kill everything it started,
             # then let it go with a KeyboardInterrupt waiting for it.
