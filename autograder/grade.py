@@ -94,8 +94,6 @@ class Course:
                 if not set(self.notebooks()[assignment]) <= known:
                     missing.append(assignment)
         if missing:
-            scripts = str(Path(sys.executable).parent)
-            os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
             with tempfile.TemporaryDirectory(prefix="course-release-") as scratch:
                 config = self.config.copy()
                 config.CourseDirectory.release_directory = scratch
@@ -251,6 +249,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     _quiet_library_warnings()
+    # nbgrader runs tools such as alembic by name: this interpreter's scripts come first.
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     import autograder
 
     if Path(getattr(autograder, "__file__", None) or "/").parent != PACKAGE:
