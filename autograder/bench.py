@@ -169,13 +169,22 @@ class PeakMemory:
         self._thread.join()
 
 
-def _run(command: list[str], cwd: Path) -> tuple[float, float, subprocess.CompletedProcess]:
+def _cpu_of_children() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(command: list[str], cwd: Path) -> tuple[float, float, float, subprocess.CompletedProcess]:
+    """(wall seconds, peak MB, CPU seconds of the whole process tree, the result)."""
     env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    cpu = _cpu_of_children()
     with PeakMemory() as memory:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - started
-    return seconds, memory.peak_mb, result
+    return seconds, memory.peak_mb, _cpu_of_children() - cpu, result
 
 
 def _stamp(value: str) -> float:
@@ -240,20 +249,21 @@ def main(argv=None) -> int:
         if not args.skip_stock:
             nbgrader = str(Path(sys.executable).parent / "nbgrader")
             started = time.perf_counter()
-            peak = 0.0
+            peak = cpu = 0.0
             for assignment in assignments:
                 for step in ("autograde", "generate_feedback"):
-                    seconds, memory, result = _run([nbgrader, step, assignment, "--force"], base / "stock")
-                    peak = max(peak, memory)
+                    _, memory, used, result = _run([nbgrader, step, assignment, "--force"], base / "stock")
+                    peak, cpu = max(peak, memory), cpu + used
                     if result.returncode:
-                        print(f"  stock nbgrader {step} {assignment} exited {result.returncode}")
-            figures["stock"] = (time.perf_counter() - started, peak, stock_cell_seconds(base / "stock"), 1)
+                        print(f"  stock nbgrader {step} {assignment} exited {result.returncode} "
+                              "(it does when a submission cannot be graded)")
+            figures["stock"] = (time.perf_counter() - started, peak, stock_cell_seconds(base / "stock"), 1, cpu)
             print(f"stock nbgrader: {figures['stock'][0]:.1f} s", flush=True)
         command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet"]
         if args.workers:
             command += ["--workers", str(args.workers)]
         launched = time.time()
-        seconds, peak, result = _run(command, base / "ours")
+        seconds, peak, cpu, result = _run(command, base / "ours")
         if result.returncode:
             print(result.stdout[-2000:], result.stderr[-2000:])
         from .writer import Ledger
@@ -264,13 +274,14 @@ def main(argv=None) -> int:
         ledger.close()
         cell_seconds = sum(s.get("cell_seconds", 0.0) for s in summaries.values())
         workers = args.workers or cores
-        figures["ours"] = (seconds, peak, cell_seconds, workers)
+        figures["ours"] = (seconds, peak, cell_seconds, workers, cpu)
         print()
-        print(f"{'':<30}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'peak MB':>9}")
-        for label, (wall, memory, cells, slots) in figures.items():
+        print(f"{'':<30}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'peak MB':>9}{'CPU s':>9}{'CPU s/nb':>10}")
+        for label, (wall, memory, cells, slots, used) in figures.items():
             overhead = (wall * slots - cells) / notebooks
             name = "stock nbgrader (one by one)" if label == "stock" else f"./course grade ({slots} workers)"
-            print(f"{name:<30}{wall:>9.1f}{cells:>9.1f}{overhead:>15.2f}{memory:>9.0f}")
+            print(f"{name:<30}{wall:>9.1f}{cells:>9.1f}{overhead:>15.2f}{memory:>9.0f}{used:>9.1f}"
+                  f"{used / notebooks:>10.2f}")
         if len(committed) > 2 * workers:
             # Steady state: between the first results and the last, leaving out the one-time
             # start of the workers (torch imported, sandboxes warmed) and the final CSV and report.
@@ -287,7 +298,9 @@ def main(argv=None) -> int:
             print(f"grades agree on {same} of {len(stock)} graded cells"
                   + ("" if same == len(stock) else f" ({len(stock) - same} differ: see {base})"))
         print("overhead per notebook = (wall time x parallel slots - time spent in cells) / notebooks: "
-              "starting kernels, sanitizing, checking, scoring, feedback, and for ours the workers' start and the report")
+              "starting kernels, sanitizing, checking, scoring, feedback, and for ours the workers' start and the report.")
+        print(f"CPU s: user + system time of every process involved; the machine's load average was "
+              f"{os.getloadavg()[0]:.1f} (other work slows both runs alike)")
         return 0
     finally:
         if not args.keep:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import reference
 from .collect import collect
-from .job import AssignmentSpec, Job, Result, grade_in_worker, worker_init
+from .job import AssignmentSpec, Job, Result, grade_in_worker, worker_init, worker_pid
 from .sandbox import Limits, probe
 from .tamper import GradebookView
 from .verdict import expected_checks
@@ -150,6 +150,15 @@ def _student_version(course: Course, assignment: str, notebook: str) -> str:
         return (Path(scratch) / assignment / f"{notebook}.ipynb").read_text(encoding="utf-8")
 
 
+_T0 = time.monotonic()
+
+
+def trace(label: str) -> None:
+    """With AUTOGRADER_TRACE=1: when each phase of the command ends (for the benchmark's breakdown)."""
+    if os.environ.get("AUTOGRADER_TRACE"):
+        print(f"[{time.monotonic() - _T0:7.2f} s] {label}", file=sys.stderr, flush=True)
+
+
 def default_workers() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -159,52 +168,67 @@ def default_workers() -> int:
 
 # ---------------------------------------------------------------- running the pool
 
-def run_jobs(jobs: list[Job], course: Course, limits: Limits, sandboxed: bool, workers: int, on_result,
-             progress=None) -> list[str]:
-    """Grade ``jobs`` in ``workers`` processes; ``on_result(result)`` in this process as each finishes.
+class WorkerPool:
+    """Grading workers: processes that each keep a warm sandbox (``job.worker_init``).
 
-    A worker that dies (it should not: student code runs in the sandbox) is
-    replaced and its jobs are tried once more; then they are reported.
+    ``start()`` launches them early, so they import torch and warm their
+    sandboxes while this process still reads the gradebook; ``run()`` grades;
+    ``close()`` lets them go without waiting, ``join()`` waits for them.
     """
-    problems = []
-    pending = {id(job): job for job in jobs}
-    attempts: dict[int, int] = {}
-    context = multiprocessing.get_context("spawn")
-    base = Path(tempfile.mkdtemp(prefix="ag-"))
-    try:
+
+    def __init__(self, course: Course, limits: Limits, sandboxed: bool, workers: int):
+        self.course, self.limits, self.sandboxed, self.workers = course, limits, sandboxed, workers
+        self.context = multiprocessing.get_context("spawn")
+        self.base = Path(tempfile.mkdtemp(prefix="ag-"))
+        self.executor: futures.ProcessPoolExecutor | None = None
+        self.retired: list[futures.ProcessPoolExecutor] = []
+
+    def start(self, expected_jobs: int | None = None) -> None:
+        if self.executor is not None:
+            return
+        count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
+        slots = self.context.Queue()
+        for slot in range(count):
+            slots.put(slot)
+        self.executor = futures.ProcessPoolExecutor(
+            max_workers=count, mp_context=self.context, initializer=worker_init,
+            initargs=(slots, str(self.course.root), self.limits, self.sandboxed, str(self.base)))
+        for _ in range(count):  # spawn them all now: each warms up while we prepare the jobs
+            self.executor.submit(worker_pid)
+
+    def run(self, jobs: list[Job], on_result, progress=None) -> list[str]:
+        """Grade ``jobs``; ``on_result(result)`` here as each finishes; problems in words.
+
+        A worker that dies (it should not: student code runs in the sandbox) is
+        replaced and the unfinished jobs are tried again, at most twice.
+        """
+        problems = []
+        pending = {id(job): job for job in jobs}
+        attempts: dict[int, int] = {}
         while pending:
-            slots = context.Queue()
-            for slot in range(workers):
-                slots.put(slot)
-            executor = futures.ProcessPoolExecutor(
-                max_workers=min(workers, len(pending)), mp_context=context, initializer=worker_init,
-                initargs=(slots, str(course.root), limits, sandboxed, str(base)))
-            running = {}
-            wait = True
-            try:
-                for key, job in list(pending.items()):
-                    running[executor.submit(grade_in_worker, job)] = key
-                for future in futures.as_completed(running):
-                    key = running[future]
-                    try:
-                        result = future.result()
-                    except futures.process.BrokenProcessPool:
-                        break
-                    except Exception as error:
-                        job = pending.pop(key)
-                        problems.append(f"{job.student}/{job.assignment}: grading failed ({type(error).__name__}: {error})")
-                        if progress:
-                            progress.update(1)
-                        continue
-                    pending.pop(key, None)
-                    on_result(result)
+            self.start(len(pending))
+            running = {self.executor.submit(grade_in_worker, job): key for key, job in pending.items()}
+            broken = False
+            for future in futures.as_completed(running):
+                key = running[future]
+                try:
+                    result = future.result()
+                except futures.process.BrokenProcessPool:
+                    broken = True
+                    break
+                except Exception as error:
+                    job = pending.pop(key)
+                    problems.append(f"{job.student}/{job.assignment}: grading failed ({type(error).__name__}: {error})")
                     if progress:
                         progress.update(1)
-            except KeyboardInterrupt:
-                wait = False  # the workers die with us; what is committed stays
-                raise
-            finally:
-                executor.shutdown(wait=wait, cancel_futures=True)
+                    continue
+                pending.pop(key, None)
+                on_result(result)
+                if progress:
+                    progress.update(1)
+            if not broken:
+                break
+            self.close()
             for key in list(pending):
                 attempts[key] = attempts.get(key, 0) + 1
                 if attempts[key] > 2:
@@ -212,9 +236,43 @@ def run_jobs(jobs: list[Job], course: Course, limits: Limits, sandboxed: bool, w
                     problems.append(f"{job.student}/{job.assignment}: its grading worker died twice; not graded")
                     if progress:
                         progress.update(1)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    return problems
+        return problems
+
+    def close(self) -> None:
+        """Let the workers go (they exit in the background); ``join`` waits for them."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.retired.append(self.executor)
+            self.executor = None
+
+    def join(self) -> None:
+        self.close()
+        for executor in self.retired:
+            executor.shutdown(wait=True)
+        self.retired = []
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+_warming: list = []
+
+
+def _warm_matplotlib() -> None:
+    """The report needs pyplot; importing it while the workers grade keeps it out of the tail."""
+    import threading
+
+    if _warming:
+        return
+    _warming.append(True)
+
+    def load():
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:
+            pass
+    threading.Thread(target=load, daemon=True).start()
 
 
 # ---------------------------------------------------------------- the command
@@ -284,58 +342,82 @@ def main(argv=None) -> int:
     if not source.exists():
         print(f"grade: {source} does not exist: nothing to grade", file=sys.stderr)
         return 2
+    trace("configuration read, sandbox probed")
     collection = collect(source, notebooks, wanted, course.config, course.submitted, course.work / "incoming",
                          replace=args.replace)
-    assignments = sorted({s.assignment for s in collection.submissions})
-    notes = course.register(assignments) if assignments else []
-    specs = {(a, n): course.spec(a, n, limits) for a in assignments for n in notebooks[a]}
+    trace("submissions collected")
     ledger = Ledger(course.work / "grading.sqlite")
     done = ledger.state()
-    graded_in_book = _graded_in_gradebook(course)
-    jobs, skipped = [], 0
-    for submission in collection.submissions:
-        spec = specs[(submission.assignment, submission.notebook)]
-        digest = submission.digest()
-        key = (submission.student, submission.assignment, submission.notebook)
-        if not args.force and done.get(key) == (digest, spec.fingerprint) and key in graded_in_book:
-            skipped += 1
-            continue
-        jobs.append(Job(submission.student, submission.assignment, submission.notebook, submission.read(),
-                        submission.source_name, digest, spec, limits, submission.timestamp,
-                        list(submission.notes), list(submission.flags)))
-    for note in notes + collection.messages:
-        say(f"grade: {note}")
-    say(f"grade: {len(jobs)} notebook(s) to grade, {skipped} unchanged since the last run; "
-        f"{min(args.workers, max(1, len(jobs)))} worker(s), {'sandboxed' if sandboxed else 'UNSANDBOXED'}")
-    writer = Writer(course.coursedir, course.config, course.db_url, ledger)
-    results: list[Result] = []
+    digests = {id(s): s.digest() for s in collection.submissions}
+    pool = WorkerPool(course, limits, sandboxed, args.workers)
+    changed = [s for s in collection.submissions
+               if args.force or done.get((s.student, s.assignment, s.notebook), ("",))[0] != digests[id(s)]]
+    if changed:  # warm the workers up while the gradebook is read
+        pool.start(len(changed))
+        _warm_matplotlib()
+    interrupted = False
+    try:
+        assignments = sorted({s.assignment for s in collection.submissions})
+        notes = course.register(assignments) if assignments else []
+        specs = {(a, n): course.spec(a, n, limits) for a in assignments for n in notebooks[a]}
+        graded_in_book = _graded_in_gradebook(course)
+        trace("gradebook read, assignments snapshot")
+        jobs, skipped = [], 0
+        for submission in collection.submissions:
+            spec = specs[(submission.assignment, submission.notebook)]
+            digest = digests[id(submission)]
+            key = (submission.student, submission.assignment, submission.notebook)
+            if not args.force and done.get(key) == (digest, spec.fingerprint) and key in graded_in_book:
+                skipped += 1
+                continue
+            jobs.append(Job(submission.student, submission.assignment, submission.notebook, submission.read(),
+                            submission.source_name, digest, spec, limits, submission.timestamp,
+                            list(submission.notes), list(submission.flags)))
+        for note in notes + collection.messages:
+            say(f"grade: {note}")
+        say(f"grade: {len(jobs)} notebook(s) to grade, {skipped} unchanged since the last run; "
+            f"{min(args.workers, max(1, len(jobs)))} worker(s), {'sandboxed' if sandboxed else 'UNSANDBOXED'}")
+        writer = Writer(course.coursedir, course.config, course.db_url, ledger)
+        results: list[Result] = []
 
-    def commit(result: Result) -> None:
-        writer.commit(result)
-        results.append(result)
+        def commit(result: Result) -> None:
+            writer.commit(result)
+            results.append(result)
+            if len(results) == 1:
+                trace("first result committed")
 
-    problems = []
-    if jobs:
-        progress = tqdm(total=len(jobs), unit="nb", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
-        try:
-            problems = run_jobs(jobs, course, limits, sandboxed, args.workers, commit, progress)
-        except KeyboardInterrupt:
-            progress.close()
-            print(f"grade: interrupted after {len(results)} notebook(s); run the same command again to "
-                  "grade the rest", file=sys.stderr)
-            return 130
-        finally:
-            progress.close()
-    reports = course.coursedir.root and Path(course.coursedir.root) / "reports"
-    csv_path = args.csv or reports / "grades.csv"
-    report_path = args.report or reports / "class-report.html"
-    rows = export_csv(course, ledger, csv_path)
-    write_report(course, ledger, rows, report_path)
-    ledger.close()
-    print(summary(course, rows, ledger_summaries=Ledger(course.work / "grading.sqlite").summaries(),
-                  graded_now=results, skipped=skipped, problems=problems + collection.messages,
-                  seconds=time.monotonic() - started, csv_path=csv_path, report_path=report_path))
-    return 1 if problems else 0
+        problems = []
+        if jobs:
+            _warm_matplotlib()
+            progress = tqdm(total=len(jobs), unit="nb", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
+            try:
+                problems = pool.run(jobs, commit, progress)
+            except KeyboardInterrupt:
+                progress.close()
+                print(f"grade: interrupted after {len(results)} notebook(s); run the same command again to "
+                      "grade the rest", file=sys.stderr)
+                pool.close()
+                interrupted = True  # the workers die with this process; what is committed stays
+                return 130
+            finally:
+                progress.close()
+        trace("last result committed")
+        pool.close()  # the workers wind down while the CSV and the report are written
+        reports = Path(course.coursedir.root) / "reports"
+        csv_path = args.csv or reports / "grades.csv"
+        report_path = args.report or reports / "class-report.html"
+        rows = export_csv(course, ledger, csv_path)
+        write_report(course, ledger, rows, report_path)
+        trace("CSV and report written")
+        print(summary(course, rows, ledger_summaries=ledger.summaries(), graded_now=results, skipped=skipped,
+                      problems=problems + collection.messages, seconds=time.monotonic() - started,
+                      csv_path=csv_path, report_path=report_path))
+        return 1 if problems else 0
+    finally:
+        ledger.close()
+        if not interrupted:
+            pool.join()
+            trace("workers gone")
 
 
 def _quiet_library_warnings() -> None:

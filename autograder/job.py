@@ -296,6 +296,10 @@ def worker_init(slots, course_root: str, limits: Limits, sandboxed: bool, base_d
     from . import execute, judge  # noqa: F401
     _worker.update(zygote=zygote, judges={})
     zygote.wait_ready()
+    if os.environ.get("AUTOGRADER_TRACE"):
+        import sys
+
+        print(f"[worker {slot}] warm", file=sys.stderr, flush=True)
 
 
 def grade_in_worker(job: Job) -> Result:
