@@ -273,6 +273,7 @@ def main(argv=None) -> int:
         committed = sorted(t for (t,) in ledger.db.execute("SELECT graded_at FROM graded"))
         ledger.close()
         cell_seconds = sum(s.get("cell_seconds", 0.0) for s in summaries.values())
+        cell_cpu = sum(s.get("cell_cpu_seconds", 0.0) for s in summaries.values())
         workers = args.workers or cores
         figures["ours"] = (seconds, peak, cell_seconds, workers, cpu)
         print()
@@ -291,6 +292,8 @@ def main(argv=None) -> int:
             first, tail = committed[0] - launched, launched + seconds - committed[-1]
             print(f"{'  steady state':<30}{steady:>9.1f}{'':>9}{share:>15.2f}   "
                   f"({count} notebooks; {first:.1f} s to the first result, {tail:.1f} s after the last)")
+        print(f"{'  CPU beyond the cells':<30}{'':>9}{cell_cpu:>9.1f}{(cpu - cell_cpu) / notebooks:>15.2f}   "
+              f"(CPU s the kernels spent in cells; the rest, per notebook: what the load cannot inflate)")
         if "stock" in figures:
             print(f"speed-up: {figures['stock'][0] / figures['ours'][0]:.2f}x on {cores} cores")
             stock, ours = grades(base / "stock"), grades(base / "ours")

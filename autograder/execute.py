@@ -54,6 +54,8 @@ class SandboxKernelManager(AsyncKernelManager):
         self._pid: int | None = None
         self.swept = 0  # processes killed when interrupting
         self.headroom_mb: float | None = None
+        self.cpu: float | None = None        # CPU seconds the kernel has used, as of the last look
+        self.cpu_ready: float | None = None  # ... when it was ready: what starting it cost
 
     @property
     def has_kernel(self) -> bool:
@@ -109,11 +111,15 @@ class SandboxKernelManager(AsyncKernelManager):
         except ZygoteGone:
             return 0
         self.headroom_mb = reply.get("headroom_mb")
+        if reply.get("cpu") is not None:
+            self.cpu = reply["cpu"]
         return int(reply.get("killed", 0))
 
     async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         try:
-            self.zygote.request("reset", timeout=120)
+            reply = self.zygote.request("reset", timeout=120, pid=self._pid)
+            if reply.get("cpu") is not None:
+                self.cpu = reply["cpu"]
         except ZygoteGone:
             pass
         self._pid = None
@@ -147,6 +153,7 @@ class Execution:
     """What happened while a notebook ran."""
 
     cell_seconds: float = 0.0    # time spent running cells (replays included)
+    cell_cpu_seconds: float = 0.0  # CPU time the kernels used running them
     kernel_seconds: float = 0.0  # starting and stopping kernels
     kernels: int = 0
     faults: list[Fault] = field(default_factory=list)
@@ -183,6 +190,7 @@ class ContainedExecute(Execute):
         self.record_timing = False
         self._timed_out = False
         self._swept = 0
+        self._cell_cpu = 0.0
         self._printed: dict[int, int] = {}
         self._cut: set[int] = set()
         self._kernel_count = 0
@@ -265,6 +273,8 @@ class ContainedExecute(Execute):
                 await self._ready(time.monotonic() + max(60.0, self.startup_timeout))
                 self.kc.allow_stdin = False
                 self.km.lock()
+                self.km.sweep()
+                self.km.cpu_ready = self.km.cpu
                 return
             except (ZygoteGone, DeadKernelError, RuntimeError) as error:
                 await self._stop_kernel()
@@ -274,6 +284,7 @@ class ContainedExecute(Execute):
     async def _stop_kernel(self) -> None:
         if self.km is not None:
             self._swept += self.km.swept
+        km = self.km
         if self.kc is not None:
             try:
                 self.kc.stop_channels()
@@ -283,6 +294,8 @@ class ContainedExecute(Execute):
         if self.km is not None:
             await self.km.shutdown_kernel(now=True)
             self.km = None
+        if km is not None and km.cpu is not None and km.cpu_ready is not None:
+            self._cell_cpu += max(0.0, km.cpu - km.cpu_ready)
 
     # ------------------------------------------------------------ one cell
     async def _run_cell(self, index: int) -> str:
@@ -394,6 +407,7 @@ class ContainedExecute(Execute):
                     self.nb.cells[index].outputs = [error_output("NotRun", stop_reason)]
                     report.faults.append(Fault(index, "not-run", stop_reason))
         report.stray_processes += self._swept
+        report.cell_cpu_seconds = self._cell_cpu
         for index in sorted(self._cut):
             report.truncated.append(index)
             note = (f"... output cut: this cell output more than {self.limits.output_mb:g} MB; "

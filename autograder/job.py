@@ -83,6 +83,7 @@ class Result:
     checks: list = field(default_factory=list)     # CheckRecord
     scores: dict = field(default_factory=dict)     # grade id -> [score, max] (the gradebook decides)
     cell_seconds: float = 0.0
+    cell_cpu_seconds: float = 0.0
     kernel_seconds: float = 0.0
     seconds: float = 0.0
     kernels: int = 0
@@ -269,6 +270,7 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
         result.messages.append(f"killed {execution.stray_processes} processes the notebook left running")
     result.faults = [f.__dict__ for f in execution.faults]
     result.cell_seconds = execution.cell_seconds
+    result.cell_cpu_seconds = execution.cell_cpu_seconds
     result.kernel_seconds = execution.kernel_seconds
     result.kernels = execution.kernels
     result.notebook_json = nbformat.writes(nb)
@@ -293,6 +295,9 @@ def worker_init(slots, course_root: str, limits: Limits, sandboxed: bool, base_d
     slot = slots.get()
     zygote = Zygote(slot, Path(course_root), limits, sandboxed=sandboxed, base_dir=Path(base_dir))
     zygote.launch()  # the sandbox imports torch while this process does the same
+    import atexit
+
+    atexit.register(zygote.close)  # and wait for it: its CPU time is then counted as ours
     from . import execute, judge  # noqa: F401
     _worker.update(zygote=zygote, judges={})
     zygote.wait_ready()

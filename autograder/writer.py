@@ -70,7 +70,8 @@ class Ledger:
         summary = {
             "graded": result.graded, "messages": result.messages, "flags": result.flags,
             "checks": [asdict(c) if not isinstance(c, dict) else c for c in result.checks],
-            "cell_seconds": result.cell_seconds, "seconds": result.seconds, "kernels": result.kernels,
+            "cell_seconds": result.cell_seconds, "cell_cpu_seconds": result.cell_cpu_seconds,
+            "seconds": result.seconds, "kernels": result.kernels,
             "kernel_seconds": result.kernel_seconds, "faults": result.faults,
         }
         with self.db:

@@ -163,6 +163,15 @@ class Zygote:
             time.sleep(0.002)
         return len(stopped)
 
+    def _cpu(self, pid: int) -> float | None:
+        """CPU seconds (user + system) the kernel has used so far."""
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
     def _headroom(self, pid: int) -> float | None:
         """MB the kernel may still map before its address-space limit (None if unknown)."""
         try:
@@ -268,7 +277,8 @@ class Zygote:
                 pass
             return {}
         if op == "sweep":
-            return {"killed": self._kill_others({request["pid"]}), "headroom_mb": self._headroom(request["pid"])}
+            return {"killed": self._kill_others({request["pid"]}), "headroom_mb": self._headroom(request["pid"]),
+                    "cpu": self._cpu(request["pid"])}
         if op == "interrupt":
             # Freeze the kernel so it stops forking, kill everything it started,
             # then let it go with a KeyboardInterrupt waiting for it.
@@ -285,11 +295,12 @@ class Zygote:
                     pass
             return {"killed": killed}
         if op == "reset":
+            cpu = self._cpu(request["pid"]) if request.get("pid") else None
             killed = self._kill_others(set())
             self.children = {pid: s for pid, s in self.children.items() if s is None}
             for folder in self.config.get("wipe", []):
                 _wipe(folder, self.config.get("keep", []))
-            return {"killed": killed}
+            return {"killed": killed, "cpu": cpu}
         if op == "ping":
             return {"pid": os.getpid()}
         raise ValueError(f"unknown request {op!r}")
