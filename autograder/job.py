@@ -233,7 +233,9 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     except Rejected as rejection:
         nb = rejected_notebook(spec, str(rejection))
         result.graded = False
-        result.messages.append(str(rejection))
+        result.flags.append("not-graded")
+        if not any(str(rejection) in message for message in result.messages):
+            result.messages.append(str(rejection))
         result.notebook_json = nbformat.writes(nb)
         result.scores = scores_of(nb)
         result.seconds = time.monotonic() - started

@@ -113,6 +113,7 @@ class TestHostileClass:
         assert scores == wanted, f"{student}: {entry['what']}"
         summary = ledger(course)[(student, ASSIGNMENT)]
         assert summary["graded"] == expect.get("graded", True), summary["messages"]
+        assert ("not-graded" in summary["flags"]) == (not summary["graded"]), summary["flags"]
         for flag in expect.get("flags", []):
             assert flag in summary["flags"], (flag, summary["flags"], summary["messages"])
         if expect.get("flags_any"):
@@ -183,6 +184,8 @@ class TestHostileClass:
         assert seen == expected
         flagged = {row["student"] for row in rows if "patched-functions" in row["flags"]}
         assert {"patches-allclose", "patches-numpy-testing"} <= flagged
+        rejected = {row["student"] for row in rows if "not-graded" in row["flags"].split(";")}
+        assert rejected == {e["id"] for e in CATALOGUE if e.get("expect", {}).get("graded") is False}
 
     def test_report_shows_distribution_misconceptions_and_flags(self, run):
         course, _, _ = run
