@@ -129,7 +129,7 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         parts.append("<h3>Score distribution and pass rate per exercise</h3>")
         parts.append(f"<p>{len(scores)} submissions; mean {statistics.fmean(scores):.2f} / {top:g}, "
                      f"median {statistics.median(scores):.2f}.</p>" if scores else "<p>No submissions.</p>")
-        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)
         left.hist(scores, bins=min(20, max(5, int(top) + 1)), range=(0, max(top, 1)), color="#4c72b0")
         left.set_title("score distribution")
         left.set_xlabel("points")
@@ -142,15 +142,16 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         right.barh([exercise_name(c) for c in cells][::-1], rates[::-1], color="#55a868")
         right.set_xlim(0, 1)
         right.set_title("pass rate per exercise")
+        right.set_xlabel("share of submissions with full points")
         parts.append(_png(figure))
     mistakes = Counter()
     for row in rows:
-        if row.mistake:
+        if row.mistake and row.mistake != "tampering":  # that one is a flag, not a misconception
             mistakes[(row.mistake, row.assignment, row.exercise)] += 1
     parts.append("<h2>Most common misconceptions</h2>")
     if mistakes:
         common = mistakes.most_common(15)
-        figure, axis = plt.subplots(figsize=(8, 0.35 * len(common) + 1))
+        figure, axis = plt.subplots(figsize=(8, 0.35 * len(common) + 1), constrained_layout=True)
         axis.barh([f"{m} ({e})" for (m, _, e), _ in common][::-1], [n for _, n in common][::-1], color="#c44e52")
         axis.set_xlabel("submissions")
         parts.append(_png(figure))
@@ -210,7 +211,7 @@ def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, s
                      any(f.startswith("fault:") for f in x.get("flags", [])))
         lines.append(f"{assignment:<20}{len(totals):>9}{statistics.fmean(totals.values()):>8.2f}"
                      f"{max(top.values()):>6g}{flagged:>9}{faulty:>8}")
-    mistakes = Counter(row.mistake for row in rows if row.mistake)
+    mistakes = Counter(row.mistake for row in rows if row.mistake and row.mistake != "tampering")
     if mistakes:
         lines.append("Most common misconceptions: " + ", ".join(f"{m} ({n})" for m, n in mistakes.most_common(5)))
     flagged = [(s, a, [f for f in x.get("flags", []) if f in REVIEW]) for (s, a, _), x in sorted(ledger_summaries.items())]

@@ -195,6 +195,10 @@ class TestHostileClass:
                      "Flagged for review", "redefines-check", "graded-cell-deleted", "Could not be graded",
                      "invalid-json"):
             assert text in report, text
+        misconceptions = report.split("Most common misconceptions", 1)[1].split("Flagged for review", 1)[0]
+        assert "tampering" not in misconceptions, "tampering is a flag, not a misconception"
+        assert "Most common misconceptions:" in run[1].stdout
+        assert "tampering" not in run[1].stdout.split("Most common misconceptions:", 1)[1].splitlines()[0]
 
     def test_rerun_grades_only_new_or_changed_submissions(self, run):
         """Last in the class: it changes the class."""
