@@ -75,16 +75,13 @@ class GradebookView:
     def read(cls, gradebook, assignment: str, notebook: str, order: list[str]) -> "GradebookView":
         """From an open ``nbgrader.api.Gradebook``; cells in ``order`` (the release's)."""
         record = gradebook.find_notebook(notebook, assignment)
-        graded = {c.name: c for c in record.grade_cells}
+        points = {c.name: float(c.max_score) for c in [*record.grade_cells, *record.task_cells]}
         solutions = {c.name for c in record.solution_cells}
         tasks = {c.name for c in record.task_cells}
         position = {name: i for i, name in enumerate(order)}
         cells = sorted(record.source_cells, key=lambda c: (position.get(c.name, len(position)), c.name))
         return cls(assignment, NotebookRecord(notebook, record.kernelspec, [
-            CellRecord(c.name, c.cell_type, bool(c.locked), c.checksum, c.source,
-                       float(graded[c.name].max_score) if c.name in graded else
-                       (float(record.task_cells[[t.name for t in record.task_cells].index(c.name)].max_score)
-                        if c.name in tasks else None),
+            CellRecord(c.name, c.cell_type, bool(c.locked), c.checksum, c.source, points.get(c.name),
                        c.name in solutions, c.name in tasks)
             for c in cells]))
 
