@@ -134,6 +134,10 @@ class Exercise:
     # Extra whole-function checks (e.g. "no loop over heads"): each takes the
     # learner's object and returns None or a message.
     properties: Sequence[Callable[[Any], str | None]] = ()
+    # The learner's object this exercise grades when it is not ``name``: a check
+    # with its own points on another exercise's object (e.g. "no loop over heads"
+    # in ``MultiHeadAttention``), usually with properties and no cases.
+    target: str | None = None
 
 
 # ---------------------------------------------------------------- comparison
@@ -363,9 +367,10 @@ def check(assignment: str, name: str, namespace: dict) -> None:
     if tampered and link is None:
         raise CheckFailed(tampering_message(tampered))
     exercise = find_exercise(assignment, name)
-    learner = namespace.get(name, _MISSING)
+    target = exercise.target or name
+    learner = namespace.get(target, _MISSING)
     if learner is _MISSING:
-        message = f"`{name}` is not defined: run its exercise cell, and keep the name `{name}`."
+        message = f"`{target}` is not defined: run its exercise cell, and keep the name `{target}`."
         if link is not None:
             link.report_missing(assignment, name, message, tampered)
         raise CheckFailed(message)
@@ -378,13 +383,13 @@ def check(assignment: str, name: str, namespace: dict) -> None:
         problem = None
         for prop in exercise.properties:
             problem = problem or prop(learner)
-        problem = problem or diagnose(exercise, learner, getattr(ref, name), ref, list(exercise.cases(ref)))
+        problem = problem or diagnose(exercise, learner, getattr(ref, target), ref, list(exercise.cases(ref)))
     except BaseException:
         restore()
         raise
     if problem:
         restore()
-        raise CheckFailed(finish(name, problem))
+        raise CheckFailed(finish(target, problem))
     # The visible checks that follow in the same cell also run with the
     # reference dependencies, so they too judge this exercise alone.
     _restore_after_this_cell(restore)

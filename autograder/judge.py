@@ -148,14 +148,15 @@ class Judge:
         itself graded here is revealed only once its own check has run.
         """
         exercise = self.exercises[name]
+        own = {name, exercise.target or name}  # what this check grades: its reference stays here
         cases, used = self._pickle_cases(name)
         needed = set(exercise.depends_on) | used
         cell_ids = self._cells_for(needed) if needed else []
         for gid in cell_ids:
             if gid in self.setup_ids:
                 continue
-            revealed = self.defines[gid] & (graded | {name})
-            if name in revealed:
+            revealed = self.defines[gid] & (graded | own)
+            if revealed & own:
                 return {"message": f"`{name}` cannot be checked in the sandbox: its cases carry its "
                                    "own reference (a grader bug; please tell the instructor)."}
             early = sorted(revealed - checked)
@@ -178,7 +179,8 @@ class Judge:
     def expected(self, name: str) -> list:
         if name not in self._expected:
             exercise = self.exercises[name]
-            self._expected[name] = checks.reference_outputs(exercise, getattr(self.ref, name), self.cases(name))
+            self._expected[name] = checks.reference_outputs(exercise, getattr(self.ref, exercise.target or name),
+                                                            self.cases(name))
         return self._expected[name]
 
     def _predict(self, name: str):
@@ -197,18 +199,19 @@ class Judge:
         """The learner-facing message for this check, or None when it passed."""
         if tampered:
             return checks.tampering_message([str(t) for t in tampered])
-        if problem:
-            return checks.finish(name, str(problem)[:4000])
         exercise = self.exercises[name]
+        target = exercise.target or name  # the learner's object the messages are about
+        if problem:
+            return checks.finish(target, str(problem)[:4000])
         cases = self.cases(name)
         try:
             values = [verdict.decode(output) for output in outputs]
         except (verdict.ProtocolError, ValueError, TypeError) as error:
-            return f"`{name}`: its outputs could not be checked ({error})."
+            return f"`{target}`: its outputs could not be checked ({error})."
         if len(values) != len(cases):
-            return f"`{name}`: the check did not receive an output for every case."
+            return f"`{target}`: the check did not receive an output for every case."
         with self.lock:
-            return checks.finish(name, checks.judge(exercise, cases, values, self.expected(name), self.ref,
+            return checks.finish(target, checks.judge(exercise, cases, values, self.expected(name), self.ref,
                                                     self._predict(name)))
 
 

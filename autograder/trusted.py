@@ -46,6 +46,19 @@ def _callables(namespace):
     }
 
 
+# Wrappers torch puts on its own functions later: importing torch._dynamo (as
+# transformers and torch.compile do) replaces torch.manual_seed by a "disable
+# dynamo" wrapper around it. The wrapper keeps the original in __wrapped__ and
+# changes no result the checks compare, so it is not tampering.
+_TORCH_OWN_WRAPPERS = {("torch", "manual_seed")}
+
+
+def _unchanged(label: str, name: str, now, original) -> bool:
+    if now is original:
+        return True
+    return (label, name) in _TORCH_OWN_WRAPPERS and getattr(now, "__wrapped__", None) is original
+
+
 _snapshot = {label: _callables(obj) for label, obj in {**_MODULES, **_CLASSES}.items()}
 _snapshot["builtins"] = {name: getattr(builtins, name) for name in _BUILTINS}
 _class_keys = {label: set(vars(cls)) for label, cls in _CLASSES.items()}
@@ -57,7 +70,7 @@ def replaced() -> list[str]:
     for label, obj in {**_MODULES, **_CLASSES, "builtins": builtins}.items():
         now = vars(obj)
         for name, original in _snapshot[label].items():
-            if now.get(name) is not original:
+            if not _unchanged(label, name, now.get(name), original):
                 changed.append(f"{label}.{name}")
     for label, cls in _CLASSES.items():
         changed.extend(f"{label}.{name}" for name in sorted(set(vars(cls)) - _class_keys[label]))

@@ -3,8 +3,15 @@
 An ``Explorer`` is a column: its controls, one matplotlib figure that is built
 once, and a message line. When a control changes, ``update()`` runs the
 learner's own functions again and puts the new numbers into the existing
-artists (``set_data``, ``set_height``): nothing is redrawn from scratch, which
-keeps a key press to new pixels fast.
+artists (``set_data``, ``set_height``): nothing is rebuilt, which keeps a key
+press to new pixels fast. Two more things keep it fast (drawing dominates):
+
+* the figure's layout (constrained) is worked out only when something it
+  depends on changed (limits, ticks, labels, which axes show), not on every draw;
+* on the interactive (ipympl) canvas, the data (images, lines, patches,
+  collections, texts, titles, spines) is redrawn alone over a saved picture of
+  the rest, the axes with their ticks and labels (blitting); when anything of
+  that rest changed, or an artist came or went, the whole figure is drawn.
 
 The learner's functions are called through ``call_learner``: while a function
 is still ``raise NotImplementedError()``, or when it raises, the widget shows a
@@ -15,12 +22,14 @@ explorers build nothing and show one line, so grading does not pay for demos.
 """
 from __future__ import annotations
 
+import functools
 import html
 import os
 from typing import Any, Callable
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 
 def grading_now() -> bool:
@@ -52,6 +61,41 @@ def _is_widget_canvas(canvas) -> bool:
     return isinstance(canvas, widgets.DOMWidget)
 
 
+def _ticks(axis) -> tuple:
+    """What an axis's tick labels depend on besides its limits: fixed ticks and
+    labels by value (widgets often set the same ones again), others by kind."""
+    locator, formatter = axis.get_major_locator(), axis.get_major_formatter()
+    func = getattr(formatter, "func", None)
+    if isinstance(func, functools.partial):  # set_xticks(ticks, labels): labels by value
+        func = (func.func, repr(func.args), repr(func.keywords))
+    else:
+        func = id(func)
+    return (type(locator).__name__, tuple(getattr(locator, "locs", ())), type(formatter).__name__,
+            tuple(getattr(formatter, "seq", ())), func,
+            (axis.majorTicks[0].label1.get_fontsize(), axis.majorTicks[0].label1.get_rotation()))
+
+
+def _limits(limits) -> tuple:
+    # changes far below a pixel (a recomputed limit's last digits) change nothing shown
+    return tuple(float(f"{x:.6g}") for x in limits)
+
+
+def _data_artists(figure) -> list:
+    """What an update may change, in drawing order: per axes (in the figure's
+    order) its images, patches, lines, collections, texts, titles, and the frame
+    and legend that sit on top of them, by zorder; then the figure's own texts."""
+    artists = []
+    for axes in sorted(figure.axes, key=lambda a: a.zorder):
+        own = [*axes.images, *axes.patches, *axes.lines, *axes.collections, *axes.texts,
+               axes.title, axes._left_title, axes._right_title]
+        if axes.axison and axes.get_frame_on():
+            own += axes.spines.values()
+        if axes.get_legend() is not None:
+            own.append(axes.get_legend())
+        artists += sorted(own, key=lambda a: a.zorder)
+    return artists + list(figure.texts)
+
+
 class Explorer(widgets.VBox):
     """Controls, one figure built once, and a message line.
 
@@ -81,6 +125,11 @@ class Explorer(widgets.VBox):
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
         self.view = view
+        self._animated: list = []
+        self._background = None  # the figure without its animated artists, for blitting
+        self._layout_engine = None  # the figure's own engine, run by _lay_out when needed
+        self._drawn_decorations = None
+        canvas.mpl_connect("draw_event", self._on_full_draw)
         children = [widgets.HBox(controls).add_class("explorer-controls"), view, self.message]
         if title:
             children.insert(0, widgets.HTML(f"<b>{html.escape(title)}</b>"))
@@ -111,9 +160,68 @@ class Explorer(widgets.VBox):
             self.clear_problem()
         self.draw()
 
+    def _decorations(self, data: list) -> tuple:
+        """What the layout and the picture behind the data depend on: the data
+        artists there are, and for each axes its limits, scales, ticks, labels,
+        which titles are set (not what they say: they are redrawn with the data)."""
+        key = [tuple(self.figure.get_size_inches()), self.figure.dpi, tuple(map(id, data))]
+        for axes in self.figure.axes:
+            legend = axes.get_legend()
+            key.append((
+                axes.get_visible(), _limits(axes.get_xlim()), _limits(axes.get_ylim()),
+                axes.get_xscale(), axes.get_yscale(),
+                axes.get_xlabel(), axes.get_ylabel(), _ticks(axes.xaxis), _ticks(axes.yaxis),
+                *(bool(t.get_text()) for t in (axes.title, axes._left_title, axes._right_title)),
+                tuple(t.get_text() for t in legend.get_texts()) if legend else None,
+            ))
+        return tuple(key)
+
+    def _lay_out(self) -> None:
+        """Run the figure's layout engine now, and keep it from running on every draw."""
+        if self._layout_engine is None:
+            engine = self.figure.get_layout_engine()
+            if engine is None or isinstance(engine, PlaceHolderLayoutEngine):
+                return
+            self._layout_engine = engine
+            self.figure.set_layout_engine("none")
+        self._layout_engine.execute(self.figure)
+
+    def _draw_animated(self) -> None:
+        for artist in self._animated:
+            if artist.get_visible() and (artist.axes is None or artist.axes.get_visible()):
+                self.figure.draw_artist(artist)
+        # The picture is now current. Drawing marks some artists (a legend's parts)
+        # stale, and with them the figure; pyplot (%matplotlib widget) redraws stale
+        # figures in full after every message from the browser, and a full draw
+        # ends here again: an endless loop, and a full draw after every blit.
+        self.figure.stale = False
+
+    def _on_full_draw(self, _event) -> None:
+        """After the whole figure is drawn (without animated artists): save it, add them."""
+        if self._animated:
+            self._background = self.figure.canvas.copy_from_bbox(self.figure.bbox)
+            self._draw_animated()
+
     def draw(self) -> None:
-        if _is_widget_canvas(self.figure.canvas):
-            self.figure.canvas.draw_idle()
+        canvas = self.figure.canvas
+        data = _data_artists(self.figure)
+        decorations = self._decorations(data)
+        changed = decorations != self._drawn_decorations
+        if changed:
+            self._lay_out()
+            self._drawn_decorations = decorations
+        if _is_widget_canvas(canvas):
+            if changed:  # left out of the full drawing, drawn over it (_on_full_draw)
+                for artist in data:
+                    artist.set_animated(True)
+                self._animated = data
+            if changed or self._background is None:
+                self._background = None  # blit again only over a picture of the new decorations
+                canvas.draw_idle()
+            else:  # blit: the saved picture, the animated artists over it, sent at once
+                canvas.restore_region(self._background)
+                self._draw_animated()
+                canvas.blit(self.figure.bbox)
         else:
             from IPython.display import display
 

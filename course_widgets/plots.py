@@ -1,6 +1,8 @@
 """Small plotting helpers shared by the widgets and the notebooks."""
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -35,3 +37,13 @@ def show_matrix(values, x_labels=None, y_labels=None, title=None, fmt="{:.2f}", 
     if title:
         axes.set_title(title)
     return figure
+
+
+def nice_ceiling(x: float) -> float:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... (times a power of ten) that is at
+    least ``x``. An axis limit rounded up this way changes only now and then, so
+    a widget's update redraws its data alone instead of the whole figure."""
+    if x <= 0:
+        return 1.0
+    power = 10.0 ** math.floor(math.log10(x))
+    return next(step * power for step in (1, 2, 5, 10) if step * power >= x * (1 - 1e-12))

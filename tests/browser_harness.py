@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"  # screenshots (ignored by git)
+REPOSITORY = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPOSITORY / "test-artifacts"  # screenshots (ignored by git)
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
@@ -43,8 +44,10 @@ def free_port() -> int:
 class JupyterLab:
     """A JupyterLab server serving ``root_dir`` on 127.0.0.1 until stopped."""
 
-    def __init__(self, root_dir: Path, extra_args: list[str] | None = None, env: dict | None = None):
+    def __init__(self, root_dir: Path, extra_args: list[str] | None = None, env: dict | None = None,
+                 python: str | Path | None = None):
         self.root_dir = Path(root_dir)
+        self.python = str(python or sys.executable)  # the environment the server (and its kernels) run in
         self.port = free_port()
         self.token = uuid.uuid4().hex
         self.scratch = Path(tempfile.mkdtemp(prefix="course-lab-"))
@@ -60,12 +63,12 @@ class JupyterLab:
         self.process = None
 
     def start(self) -> "JupyterLab":
-        scripts = str(Path(sys.executable).parent)
+        scripts = str(Path(self.python).parent)
         env = {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", ""), **self.env}
         env.pop("NBGRADER_EXECUTION", None)
         self.log = open(self.scratch / "server.log", "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser",
+            [self.python, "-m", "jupyter", "lab", "--no-browser",
              "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
              f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
@@ -114,6 +117,9 @@ class LabNotebook:
         self.page, self.url = page, url
 
     def open(self) -> None:
+        from explorer_driver import install_probe
+
+        install_probe(self.page)  # times inputs and drawing (see explorer_driver.py)
         self.page.goto(self.url)
         # the kernel exists and is idle (the execution indicator says idle too early)
         self.page.get_by_text("(ipykernel) | Idle").first.wait_for(timeout=60_000)
@@ -129,6 +135,24 @@ class LabNotebook:
                 return
             time.sleep(0.25)
         raise TimeoutError(f"Run All did not finish in {timeout_s} s: prompts {prompts}")
+
+    def cells(self):
+        """Locator of the notebook's cells, in notebook order (every cell is rendered)."""
+        return self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
+
+    def explorers(self, cell_index: int | None = None) -> list:
+        """The course widgets (``explorer_driver.Explorer``) in one cell's output, or in the notebook."""
+        from explorer_driver import Explorer
+
+        scope = None if cell_index is None else self.cells().nth(cell_index)
+        return Explorer.all_in(self.page, scope)
+
+    def only_explorer(self, css_class: str):
+        """The notebook's one course widget of class ``css_class``, in view and quiet."""
+        [explorer] = [e for e in self.explorers() if e.topic_class == css_class]
+        explorer.locator.scroll_into_view_if_needed()
+        explorer.settle()
+        return explorer
 
     def error_outputs(self) -> list[str]:
         """Texts of error outputs (tracebacks) in the notebook."""
@@ -150,6 +174,31 @@ class LabNotebook:
                 return now
             time.sleep(0.05)
         raise AssertionError(f"{widget_selector}: the figure did not change within {timeout_s} s")
+
+
+def link_assets(root: Path) -> Path:
+    """Give a lab root the repository's assets/ (linked), as notebooks expect beside them."""
+    (root / "assets").symlink_to(REPOSITORY / "assets", target_is_directory=True)
+    return root
+
+
+def place_in_lab(lab, source: Path, unique: bool = True) -> str:
+    """Copy a notebook into the lab's root, in the same folder as in the repository
+    (with the other files of its folder), under a unique name unless told otherwise.
+    Returns its path relative to the root."""
+    source = Path(source).resolve()
+    try:
+        folder = source.parent.relative_to(REPOSITORY)
+    except ValueError:
+        folder = Path()
+    target_dir = lab.root_dir / folder
+    target_dir.mkdir(parents=True, exist_ok=True)
+    for sibling in source.parent.iterdir():
+        if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
+            shutil.copy(sibling, target_dir / sibling.name)
+    name = f"{source.stem}-{uuid.uuid4().hex[:8]}.ipynb" if unique else source.name
+    shutil.copy(source, target_dir / name)
+    return (folder / name).as_posix()
 
 
 def launch_browser(playwright):

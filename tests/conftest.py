@@ -1,8 +1,6 @@
 """Shared fixtures. Helpers for real nbgrader runs live in grading_harness.py and
 grading_suite.py; the JupyterLab-in-chromium harness in browser_harness.py."""
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import matplotlib
@@ -25,6 +23,15 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("alternative_student", list(cls.alternatives))
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Each test's figures are closed after it, so none piles up across the suite."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 @pytest.fixture
 def grading_env(monkeypatch):
     """Behave as while nbgrader grades a notebook."""
@@ -33,12 +40,19 @@ def grading_env(monkeypatch):
 
 # ---------------------------------------------------------------- browser tests
 
+REPOSITORY = Path(__file__).resolve().parent.parent
+VIEWPORT = {"width": 1400, "height": 1000}
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
-    """One real JupyterLab on 127.0.0.1 for the whole session, stopped at the end."""
-    from browser_harness import JupyterLab
+    """One real JupyterLab on 127.0.0.1 for the whole session, stopped at the end.
+    Its root mirrors the repository's layout (assets/ is linked), so notebooks
+    copied into it find their files at the same relative paths."""
+    from browser_harness import JupyterLab, link_assets
 
-    with JupyterLab(tmp_path_factory.mktemp("lab")) as server:
+    root = link_assets(tmp_path_factory.mktemp("lab"))
+    with JupyterLab(root) as server:
         yield server
 
 
@@ -59,19 +73,54 @@ def browser():
 def open_copy(lab, browser):
     """open_copy(path) copies a notebook under a unique name into the lab's root,
     opens it in a new page and waits for its kernel; the page closes after the test."""
-    from browser_harness import LabNotebook
+    from browser_harness import LabNotebook, place_in_lab
 
     pages = []
 
     def open_notebook(source: Path) -> "LabNotebook":
-        name = f"{Path(source).stem}-{uuid.uuid4().hex[:8]}.ipynb"
-        shutil.copy(source, lab.root_dir / name)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport=VIEWPORT)
         pages.append(page)
-        notebook = LabNotebook(page, lab.url(name))
+        notebook = LabNotebook(page, lab.url(place_in_lab(lab, source)))
         notebook.open()
         return notebook
 
     yield open_notebook
     for page in pages:
         page.close()
+
+
+@pytest.fixture(scope="session")
+def ran_solution(lab, browser):
+    """ran_solution(assignment) -> LabNotebook: the solution notebook
+    solutions/<assignment>/<assignment>.ipynb open in its own page, after Run All.
+
+    Opened and run once per session, on first use, and shared by every test that
+    asks for it (the generic acceptance tests and each topic's browser tests):
+    a test that changes a widget puts it back as it found it. A notebook whose
+    opening or Run All failed fails every later test that asks for it, at once."""
+    from browser_harness import LabNotebook, place_in_lab
+
+    opened: dict = {}
+
+    def ran(assignment: str) -> "LabNotebook":
+        if assignment not in opened:
+            source = REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb"
+            page = browser.new_page(viewport=VIEWPORT)
+            try:
+                notebook = LabNotebook(page, lab.url(place_in_lab(lab, source, unique=False)))
+                notebook.open()
+                notebook.run_all(timeout_s=900)
+            except Exception as error:
+                page.close()
+                opened[assignment] = error
+                raise
+            opened[assignment] = notebook
+        if isinstance(opened[assignment], Exception):
+            raise RuntimeError(f"{assignment}: opening it or Run All failed in an earlier test: "
+                               f"{opened[assignment]!r}")
+        return opened[assignment]
+
+    yield ran
+    for notebook in opened.values():
+        if not isinstance(notebook, Exception):
+            notebook.page.close()

@@ -1,38 +1,32 @@
-"""Real JupyterLab, real chromium: notebook 01's solution runs and its widgets respond.
+"""Real JupyterLab, real chromium: notebook 01's widgets show the right numbers.
 
-Fixtures ``lab`` (one JupyterLab for the session), ``browser`` and ``open_copy``
-come from conftest.py; every topic's browser test module uses them.
+test_browser_acceptance.py already checks that every widget renders and that
+every control changes it; here the topic's own facts are read off the page.
+``ran_solution`` (conftest.py) gives the solution notebook after its one Run
+All of the session; the page is shared, so each change is undone at the end.
 """
-from pathlib import Path
-
-from browser_harness import ARTIFACTS, needs_chromium
-
-REPOSITORY = Path(__file__).resolve().parent.parent
+from browser_harness import needs_chromium
 
 pytestmark = needs_chromium
 
 
-def test_notebook_01_runs_and_both_widgets_respond(open_copy):
-    notebook = open_copy(REPOSITORY / "solutions" / "01_attention" / "01_attention.ipynb")
-    notebook.run_all()
-    assert notebook.error_outputs() == []
+def test_heatmap_key_press_moves_to_query_1_and_its_output(ran_solution):
+    notebook = ran_solution("01_attention")
+    heatmap = notebook.only_explorer("attention-heatmap")
+    assert "(2.41, 3.98)" in heatmap.text_of(".attention-output")  # query 0 of the worked example
+    heatmap.key_on("query-slider", "ArrowRight")
+    assert "(2.20, 6.02)" in heatmap.text_of(".attention-output")
+    heatmap.key_on("query-slider", "ArrowLeft")
+    assert "(2.41, 3.98)" in heatmap.text_of(".attention-output")
 
-    # the heatmap: a key press on the query slider moves to query 1
-    heatmap = ".attention-heatmap"
-    before = notebook.canvas_pixels(heatmap)
-    notebook.page.locator(f"{heatmap} .query-slider").scroll_into_view_if_needed()
-    ARTIFACTS.mkdir(exist_ok=True)
-    notebook.page.locator(heatmap).screenshot(path=ARTIFACTS / "attention-heatmap.png")
-    handle = notebook.page.locator(f"{heatmap} .query-slider .noUi-handle")
-    handle.focus()
-    notebook.page.keyboard.press("ArrowRight")
-    notebook.wait_for_new_pixels(heatmap, before)
-    assert "(2.20, 6.02)" in notebook.page.locator(f"{heatmap} .attention-output").inner_text()
 
-    # the √d explorer: unticking "divide by √d" redraws the bars, now saturated
-    explorer = ".scaling-explorer"
-    before = notebook.canvas_pixels(explorer)
-    notebook.page.locator(f"{explorer} .scale-toggle input").click()
-    notebook.wait_for_new_pixels(explorer, before)
-    assert "not scaled" in notebook.page.locator(f"{explorer} .scaling-stats").inner_text()
-    notebook.page.locator(explorer).screenshot(path=ARTIFACTS / "scaling-explorer.png")
+def test_scaling_explorer_without_the_square_root_saturates(ran_solution):
+    notebook = ran_solution("01_attention")
+    explorer = notebook.only_explorer("scaling-explorer")
+    assert "d = 128, divided by √d" in explorer.text_of(".scaling-stats")
+    explorer.click_on(".scale-toggle input")
+    stats = explorer.text_of(".scaling-stats")
+    assert "d = 128, not scaled" in stats
+    assert "largest weight is 0.99" in stats  # one key takes nearly everything
+    explorer.click_on(".scale-toggle input")
+    assert "divided by √d" in explorer.text_of(".scaling-stats")

@@ -2,6 +2,7 @@
 and notebooks/ is exactly what nbgrader generates from solutions/."""
 import ast
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,16 @@ from notebook_runner import execute
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 ASSIGNMENTS = release.assignments()
+# Binder gives 2 GB: the server (~150 MB), the notebook's kernel and Validate's
+# second kernel (widgets and demos skipped, so no bigger) must fit.
+NOTEBOOK_MEMORY_BUDGET_MB = 800
+
+
+def readme_memory_mb() -> dict[str, int]:
+    """{assignment: the memory the README's notebook table states for it, in MB}."""
+    readme = (REPOSITORY / "README.md").read_text()
+    rows = re.findall(r"^\| \[\d+\]\(notebooks/([^/]+)/[^)]+\) \|.*\| ≤ (\d+) MB \|$", readme, re.M)
+    return {assignment: int(mb) for assignment, mb in rows}
 
 
 def hidden_check_cells(notebook) -> int:
@@ -25,6 +36,18 @@ def test_solution_notebook_runs_top_to_bottom_without_errors(assignment):
     assert run.errors() == []
     # every hidden check really ran against the reference, and passed
     assert run.stream_text().count("all hidden checks passed") == hidden_check_cells(run.notebook)
+    # the README tells students how much memory the notebook needs: it must stay true
+    stated = readme_memory_mb().get(assignment)
+    assert stated, f"README.md's notebook table states no memory for {assignment} (./course bench measures it)"
+    assert run.peak_rss_mb <= stated, (
+        f"{assignment} peaked at {run.peak_rss_mb:.0f} MB, more than the README's {stated} MB")
+
+
+def test_readme_states_each_notebooks_memory_within_binders_budget():
+    stated = readme_memory_mb()
+    assert sorted(stated) == ASSIGNMENTS, "README.md's notebook table: one row per notebook, with its memory"
+    assert max(stated.values()) <= NOTEBOOK_MEMORY_BUDGET_MB
+    assert f"under {NOTEBOOK_MEMORY_BUDGET_MB} MB" in (REPOSITORY / "README.md").read_text()
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
