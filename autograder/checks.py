@@ -138,6 +138,11 @@ class Exercise:
     # with its own points on another exercise's object (e.g. "no loop over heads"
     # in ``MultiHeadAttention``), usually with properties and no cases.
     target: str | None = None
+    # Reference objects the properties may take from ``reference.load`` (not
+    # substituted into the learner's namespace; e.g. helpers to fall back on
+    # when the learner's own fail). The sandboxed grader ships them in with
+    # the dependencies, under the same rule: only once their own checks ran.
+    reference_uses: Sequence[str] = ()
 
 
 # ---------------------------------------------------------------- comparison
@@ -402,7 +407,9 @@ def _check_outside(link, assignment: str, exercise: Exercise, learner, namespace
     shipment = link.begin(assignment, name, tampered)
     if shipment.get("message"):
         raise CheckFailed(shipment["message"])
-    dependencies = reference.build(assignment, shipment["cells"]) if shipment["cells"] else None
+    # What the check may see of the reference, and all ``reference.load`` gives in here
+    reference.provide(assignment, shipment["cells"])
+    dependencies = reference.load(assignment)
     cases = shipment["cases"]
     restore = substitute(namespace, {dep: getattr(dependencies, dep) for dep in exercise.depends_on})
     try:

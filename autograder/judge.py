@@ -150,7 +150,7 @@ class Judge:
         exercise = self.exercises[name]
         own = {name, exercise.target or name}  # what this check grades: its reference stays here
         cases, used = self._pickle_cases(name)
-        needed = set(exercise.depends_on) | used
+        needed = set(exercise.depends_on) | set(exercise.reference_uses) | used
         cell_ids = self._cells_for(needed) if needed else []
         for gid in cell_ids:
             if gid in self.setup_ids:
