@@ -63,8 +63,8 @@ pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot s
 
 @pytest.fixture(scope="module")
 def course_template(tmp_path_factory) -> Path:
-    """A course copy with notebooks 00 and 01 released and registered, no submissions (made once)."""
-    return Course.create(tmp_path_factory.mktemp("template") / "course", ["00_start_here", ASSIGNMENT]).root
+    """A course copy with every notebook released and registered, no submissions (made once)."""
+    return Course.create(tmp_path_factory.mktemp("template") / "course").root
 
 
 def copy_course(template: Path, target: Path) -> Course:
@@ -72,6 +72,21 @@ def copy_course(template: Path, target: Path) -> Course:
 
     shutil.copytree(template, target)
     return Course(target)
+
+
+def assert_no_hidden_code(course: Course, pages: list[Path]) -> None:
+    """No feedback page shows a line of any hidden test, or the grading helpers' code."""
+    hidden_lines = set()
+    for notebook_path in (course.root / "solutions").glob("*/*.ipynb"):
+        for cell in json.loads(notebook_path.read_text(encoding="utf-8"))["cells"]:
+            source = "".join(cell["source"])
+            for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", source, re.S):
+                hidden_lines |= {line.strip() for line in region.splitlines() if line.strip()}
+    assert hidden_lines and pages
+    for page in pages:
+        text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
+        for secret in ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "_check_outside", "def check(", *hidden_lines):
+            assert secret not in text, f"{page.relative_to(course.root)} shows {secret!r}"
 
 
 # ---------------------------------------------------------------- the hostile class
@@ -153,21 +168,9 @@ class TestHostileClass:
 
     def test_no_feedback_shows_hidden_test_code(self, run):
         course, _, _ = run
-        hidden_lines = set()
-        for assignment in ("00_start_here", ASSIGNMENT):
-            notebook = json.loads((course.root / "solutions" / assignment / f"{assignment}.ipynb").read_text())
-            for cell in notebook["cells"]:
-                source = "".join(cell["source"])
-                for region in re.findall(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", source, re.S):
-                    hidden_lines |= {line.strip() for line in region.splitlines() if line.strip()}
-        assert hidden_lines
         pages = list((autograder_dir(course) / "feedback").rglob("*.html"))
         assert len(pages) == len(CATALOGUE) + 4
-        for page in pages:
-            raw = page.read_text(encoding="utf-8")
-            text = html.unescape(re.sub(r"<[^>]+>", "", raw))
-            for secret in ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "_check_outside", "def check(", *hidden_lines):
-                assert secret not in text, f"{page.relative_to(course.root)} shows {secret!r}"
+        assert_no_hidden_code(course, pages)
 
     def test_csv_agrees_with_gradebook(self, run):
         course, _, _ = run
@@ -214,6 +217,76 @@ class TestHostileClass:
         assert "Graded 2 notebook(s)" in third.stdout, third.stdout
         assert self.scores(course, "one-mistake") == self.full(course)
         assert course.scores("late-joiner", "00_start_here") == course.max_scores("00_start_here")
+
+
+# ---------------------------------------------------------------- every notebook's own catalogue
+
+def grading_suites() -> list:
+    """Every notebook's ``GradingSuite`` (``tests/test_grading_<NN>_<topic>.py``)."""
+    import importlib
+
+    from grading_suite import GradingSuite
+
+    found = []
+    for path in sorted(Path(__file__).parent.glob("test_grading_[0-9]*.py")):
+        module = importlib.import_module(path.stem)
+        found += [value for value in vars(module).values() if isinstance(value, type)
+                  and issubclass(value, GradingSuite) and value is not GradingSuite and value.assignment]
+    return found
+
+
+SUITES = grading_suites()
+SUITE_STUDENTS = [(suite, student) for suite in SUITES for student in
+                  ["reference", "untouched", *suite.mistakes, *suite.alternatives, "patches-allclose",
+                   "patches-numpy-testing"]]
+
+
+class TestEveryNotebooksCatalogue:
+    """Each notebook's grading catalogue (its catalogued mistakes, answers written differently, patched
+    checks, the untouched release), all graded by one run of the real command: the points its own
+    nbgrader tests expect, the mistake named in the feedback. Checks judged outside the sandbox must
+    agree with checks judged inside nbgrader's kernel, notebook by notebook."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run(cls, tmp_path_factory, course_template):
+        course = copy_course(course_template, tmp_path_factory.mktemp("catalogues") / "course")
+        expected = {}
+        for suite in SUITES:
+            for student, points in suite.submit_class(course).items():
+                expected[(student, suite.assignment)] = points
+        result = grade(course.root)  # the default limits: some checks take seconds on a busy machine
+        return course, result, expected
+
+    def test_every_notebook_has_a_catalogue(self):
+        released = sorted(p.name for p in (REPOSITORY / "solutions").iterdir() if p.is_dir())
+        assert {suite.assignment for suite in SUITES} == set(released)
+
+    def test_the_run_completes(self, run):
+        _, result, expected = run
+        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        assert f"Graded {len(expected)} notebook(s)" in result.stdout, result.stdout
+
+    @pytest.mark.parametrize("suite, student", SUITE_STUDENTS,
+                             ids=[f"{suite.assignment}/{student}" for suite, student in SUITE_STUDENTS])
+    def test_same_points_as_the_notebooks_own_grading(self, run, suite, student):
+        course, _, expected = run
+        assert course.scores(student, suite.assignment) == expected[(student, suite.assignment)]
+        summary = ledger(course)[(student, suite.assignment)]
+        if student in suite.mistakes:
+            _, _, mistake_id = suite.mistakes[student]
+            assert f"[mistake:{mistake_id}]" in course.feedback_text(student, suite.assignment)
+            assert not set(summary["flags"]) & REVIEW_FLAGS, summary["flags"]
+        elif student.startswith("patches-"):
+            assert "patched-functions" in summary["flags"], summary["flags"]
+        else:
+            assert not set(summary["flags"]) & REVIEW_FLAGS, summary["flags"]
+
+    def test_no_feedback_shows_hidden_test_code(self, run):
+        course, _, expected = run
+        pages = list((autograder_dir(course) / "feedback").rglob("*.html"))
+        assert len(pages) == len(expected)
+        assert_no_hidden_code(course, pages)
 
 
 # ---------------------------------------------------------------- crash, resume, unsandboxed
