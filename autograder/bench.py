@@ -13,8 +13,8 @@ course are graded on this machine, one after the other:
 - ours: ``./course grade`` (sandboxed, parallel, feedback, CSV and report).
 
 Printed: wall time of each and their ratio, the overhead per notebook beyond
-the time its own cells take, peak memory (resident, summed over the process
-tree), and whether the two agree on every grade. Nothing is asserted.
+the time its own cells take, peak memory (summed over the process tree, as
+proportional and as resident set sizes), CPU time, and whether the two agree on every grade. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -127,15 +127,33 @@ def submit_class(root: Path, assignments: list[str], students: int, seed: int) -
 
 # ---------------------------------------------------------------- measuring
 
+def _pss(pid: int) -> int | None:
+    """Proportional set size in bytes: shared pages count once in all (forked kernels share torch)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class PeakMemory:
-    """Highest resident memory of this process's descendants (summed), sampled 10 times a second."""
+    """Highest memory of this process's descendants, summed, sampled 10 times a second.
+
+    ``peak_mb`` sums their proportional set sizes (a page shared by n processes
+    counts 1/n to each: what the tree really holds); ``peak_rss_mb`` sums their
+    resident sizes (a page shared by forked kernels counts once per process).
+    """
 
     def __init__(self):
         self.peak_mb = 0.0
+        self.peak_rss_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _tree_mb(self) -> float:
+    def _tree_mb(self) -> tuple[float, float]:
         parents, rss = {}, {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -147,18 +165,21 @@ class PeakMemory:
                 rss[int(name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
             except (OSError, IndexError, ValueError):
                 continue
-        me, total = os.getpid(), 0
+        me, total, proportional = os.getpid(), 0, 0
         for pid in rss:
             ancestor, depth = parents.get(pid), 0
             while ancestor and ancestor != me and depth < 50:
                 ancestor, depth = parents.get(ancestor), depth + 1
             if ancestor == me:
                 total += rss[pid]
-        return total / 2 ** 20
+                pss = _pss(pid)
+                proportional += rss[pid] if pss is None else pss
+        return proportional / 2 ** 20, total / 2 ** 20
 
     def _run(self):
         while not self._stop.wait(0.1):
-            self.peak_mb = max(self.peak_mb, self._tree_mb())
+            pss, rss = self._tree_mb()
+            self.peak_mb, self.peak_rss_mb = max(self.peak_mb, pss), max(self.peak_rss_mb, rss)
 
     def __enter__(self):
         self._thread.start()
@@ -176,15 +197,20 @@ def _cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _run(command: list[str], cwd: Path) -> tuple[float, float, float, subprocess.CompletedProcess]:
-    """(wall seconds, peak MB, CPU seconds of the whole process tree, the result)."""
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+def _run(command: list[str], cwd: Path) -> tuple[float, tuple[float, float], float, subprocess.CompletedProcess]:
+    """(wall seconds, (peak PSS MB, peak RSS MB), CPU seconds of the whole process tree, the result)."""
+    # nbgrader puts the course folder first on sys.path, where autograder/ is only a work folder
+    # in a copy of the course: the package must come from this repository, or stock nbgrader's
+    # generate_feedback imports autograder/feedback/ (the output folder) and fails.
+    path = os.pathsep.join(p for p in (str(REPOSITORY), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+           "PYTHONPATH": path}
     cpu = _cpu_of_children()
     with PeakMemory() as memory:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - started
-    return seconds, memory.peak_mb, _cpu_of_children() - cpu, result
+    return seconds, (memory.peak_mb, memory.peak_rss_mb), _cpu_of_children() - cpu, result
 
 
 def _stamp(value: str) -> float:
@@ -249,14 +275,15 @@ def main(argv=None) -> int:
         if not args.skip_stock:
             nbgrader = str(Path(sys.executable).parent / "nbgrader")
             started = time.perf_counter()
-            peak = cpu = 0.0
+            peak, cpu = (0.0, 0.0), 0.0
             for assignment in assignments:
                 for step in ("autograde", "generate_feedback"):
                     _, memory, used, result = _run([nbgrader, step, assignment, "--force"], base / "stock")
-                    peak, cpu = max(peak, memory), cpu + used
+                    peak, cpu = (max(peak[0], memory[0]), max(peak[1], memory[1])), cpu + used
                     if result.returncode:
+                        last = (result.stderr.strip().splitlines() or [""])[-1][:200]
                         print(f"  stock nbgrader {step} {assignment} exited {result.returncode} "
-                              "(it does when a submission cannot be graded)")
+                              f"(it does when a submission cannot be graded): {last}")
             figures["stock"] = (time.perf_counter() - started, peak, stock_cell_seconds(base / "stock"), 1, cpu)
             print(f"stock nbgrader: {figures['stock'][0]:.1f} s", flush=True)
         command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet"]
@@ -277,12 +304,13 @@ def main(argv=None) -> int:
         workers = args.workers or cores
         figures["ours"] = (seconds, peak, cell_seconds, workers, cpu)
         print()
-        print(f"{'':<30}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'peak MB':>9}{'CPU s':>9}{'CPU s/nb':>10}")
-        for label, (wall, memory, cells, slots, used) in figures.items():
+        print(f"{'':<30}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'peak MB':>9}{'CPU s':>9}{'CPU s/nb':>10}"
+              f"{'peak RSS MB':>13}")
+        for label, (wall, (memory, resident), cells, slots, used) in figures.items():
             overhead = (wall * slots - cells) / notebooks
             name = "stock nbgrader (one by one)" if label == "stock" else f"./course grade ({slots} workers)"
             print(f"{name:<30}{wall:>9.1f}{cells:>9.1f}{overhead:>15.2f}{memory:>9.0f}{used:>9.1f}"
-                  f"{used / notebooks:>10.2f}")
+                  f"{used / notebooks:>10.2f}{resident:>13.0f}")
         if len(committed) > 2 * workers:
             # Steady state: between the first results and the last, leaving out the one-time
             # start of the workers (torch imported, sandboxes warmed) and the final CSV and report.
@@ -302,6 +330,8 @@ def main(argv=None) -> int:
                   + ("" if same == len(stock) else f" ({len(stock) - same} differ: see {base})"))
         print("overhead per notebook = (wall time x parallel slots - time spent in cells) / notebooks: "
               "starting kernels, sanitizing, checking, scoring, feedback, and for ours the workers' start and the report.")
+        print("peak MB: proportional set sizes summed over the process tree (a page shared by forked "
+              "kernels counts once); peak RSS MB sums resident sizes (shared pages once per process).")
         print(f"CPU s: user + system time of every process involved; the machine's load average was "
               f"{os.getloadavg()[0]:.1f} (other work slows both runs alike)")
         return 0
