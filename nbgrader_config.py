@@ -27,3 +27,14 @@ c.GenerateFeedback.preprocessors = [
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
     "autograder.feedback.HideHiddenTests",
 ]
+
+# Flat, LMS-style file names (an LMS's bulk download, `./course grade --from
+# download.zip`, or `nbgrader zip_collect`): <student>_<notebook>.ipynb, with an
+# optional _attempt_<timestamp> before the notebook's name and an optional copy
+# number after it, e.g. alice_01_attention.ipynb,
+# bob_smith_attempt_2026-03-01-10-00-00_01_attention.ipynb, carol_01_attention (1).ipynb.
+# Change it to your LMS's convention; file_id must end up as the notebook's name.
+c.FileNameCollectorPlugin.named_regexp = (
+    r"^(?P<student_id>.+?)(?:_attempt_(?P<timestamp>[0-9\-]+))?_(?P<file_id>\d\d_[A-Za-z0-9_]+?)"
+    r"(?:[ _-]*\(\d+\)|-\d+)?\.ipynb$"
+)

@@ -9,6 +9,16 @@
 - ``feedback``: the nbgrader preprocessor that keeps hidden test code out of feedback;
 - ``release``: regenerates ``notebooks/`` from ``solutions/``.
 
+``./course grade`` (``grade``) grades a whole class around nbgrader's own pieces:
+``collect`` finds submissions, ``sandbox`` starts bubblewrap around a warm
+interpreter (``zygote``) that forks a kernel per notebook, ``execute`` runs
+cells with fault containment, ``verdict`` carries the checks' outputs out of
+the sandbox to ``judge`` (the reference side), ``tamper`` sanitizes with
+nbgrader's preprocessors and flags tampering, ``job`` is the unit of work (one
+notebook in, one result out), ``writer`` the single writer of gradebook,
+feedback and ledger, ``report`` the CSV, class report and summary; ``bench``
+compares it with stock nbgrader.
+
 This folder is also nbgrader's course root: its work folders (``submitted/``,
 ``autograded/``, ``feedback/``) and ``gradebook.db`` are ignored by git.
 """

@@ -20,6 +20,13 @@ functions it builds on (``depends_on``) are the reference ones, so a wrong
 When the hidden checks pass, that substitution lasts until the end of the
 test cell, so the visible checks after them judge the exercise alone too;
 then the learner's own functions are back.
+
+Under the sandboxed grader (``./course grade``) the reference never enters the
+notebook's kernel: ``observe`` runs the learner's function on the cases the
+trusted grader hands in, the outputs go out through ``verdict``, and ``judge``
+compares them outside, where student code cannot reach the comparison. Only
+the reference versions of the exercise's dependencies come in (for the
+substitution above), and only once their own checks have run.
 """
 from __future__ import annotations
 
@@ -131,6 +138,11 @@ class Exercise:
     # with its own points on another exercise's object (e.g. "no loop over heads"
     # in ``MultiHeadAttention``), usually with properties and no cases.
     target: str | None = None
+    # Reference objects the properties may take from ``reference.load`` (not
+    # substituted into the learner's namespace; e.g. helpers to fall back on
+    # when the learner's own fail). The sandboxed grader ships them in with
+    # the dependencies, under the same rule: only once their own checks ran.
+    reference_uses: Sequence[str] = ()
 
 
 # ---------------------------------------------------------------- comparison
@@ -249,63 +261,127 @@ def _run(function, case: Case):
         return None, error
 
 
-def _matches_mistake(mistake: Mistake, ref, failing, exercise: Exercise) -> bool:
-    try:
-        mutant = mistake.mutant(ref)
-    except Exception:
-        return False
-    for case, actual in failing:
-        predicted, error = _run(mutant, case)
+def _matches_mistake(mistake: Mistake, ref, failing, exercise: Exercise, predict=None) -> bool:
+    """Whether the mutant of ``mistake`` reproduces every failing (index, case, output).
+
+    ``predict(mistake, index, case)`` gives the mutant's (output, error) on a case;
+    the grader outside the sandbox passes one that remembers them across notebooks.
+    """
+    if predict is None:
+        try:
+            mutant = mistake.mutant(ref)
+        except Exception:
+            return False
+
+        def predict(_mistake, _index, case):
+            return _run(mutant, case)
+    for index, case, actual in failing:
+        try:
+            predicted, error = predict(mistake, index, case)
+        except Exception:
+            return False
         if error is not None or close(actual, predicted, exercise.atol, exercise.rtol) is not None:
             return False
     return True
 
 
-def diagnose(exercise: Exercise, learner, ref_function, ref, cases) -> str | None:
-    """None when ``learner`` agrees with the reference on every case, else the message."""
-    failing = []  # (case, learner output) where it differs from the reference
-    first_problem = None
+def observe(exercise: Exercise, learner, cases) -> tuple[list, str | None]:
+    """Run the learner's ``learner`` on every case: (outputs, None), or (partial, problem).
+
+    This is the half of a check that must run where the learner's code lives;
+    ``judge`` is the half that compares, and may run elsewhere (the sandboxed
+    grader runs it outside the sandbox, out of the learner's reach).
+    """
+    outputs = []
     for case in cases:
         before = _snapshot_inputs(case)
         actual, error = _run(learner, case)
         if error is not None:
-            return _describe_error(exercise.name, error, case)
+            return outputs, _describe_error(exercise.name, error, case)
         if _inputs_changed(case, before):
-            return (f"`{exercise.name}` changed its input in place (on {case.label}); "
-                    "compute new tensors instead of modifying the arguments.")
-        expected, ref_error = _run(ref_function, case)
-        if ref_error is not None:
-            raise RuntimeError(f"the reference {exercise.name} failed on {case.label}") from ref_error
-        problem = close(actual, expected, exercise.atol, exercise.rtol)
+            return outputs, (f"`{exercise.name}` changed its input in place (on {case.label}); "
+                             "compute new tensors instead of modifying the arguments.")
+        outputs.append(actual)
+    return outputs, None
+
+
+def judge(exercise: Exercise, cases, outputs, expected, ref, predict=None) -> str | None:
+    """None when ``outputs`` match the reference's ``expected`` on every case, else the message."""
+    failing = []  # (index, case, learner output) where it differs from the reference
+    first_problem = None
+    for index, (case, actual, wanted) in enumerate(zip(cases, outputs, expected)):
+        problem = close(actual, wanted, exercise.atol, exercise.rtol)
         if problem:
-            failing.append((case, actual))
+            failing.append((index, case, actual))
             first_problem = first_problem or f"on {case.label}: {problem}"
     if not failing:
         return None
     for mistake in exercise.mistakes:
-        if _matches_mistake(mistake, ref, failing, exercise):
+        if _matches_mistake(mistake, ref, failing, exercise, predict):
             return f"`{exercise.name}`: {mistake.name}. {mistake.hint} [mistake:{mistake.id}]"
     return (f"`{exercise.name}` does not match the reference {first_problem} "
             f"({len(failing)} of the checked inputs differ).")
 
 
+def reference_outputs(exercise: Exercise, ref_function, cases) -> list:
+    """The reference's output on every case (it must not fail)."""
+    expected = []
+    for case in cases:
+        output, error = _run(ref_function, case)
+        if error is not None:
+            raise RuntimeError(f"the reference {exercise.name} failed on {case.label}") from error
+        expected.append(output)
+    return expected
+
+
+def diagnose(exercise: Exercise, learner, ref_function, ref, cases) -> str | None:
+    """None when ``learner`` agrees with the reference on every case, else the message."""
+    outputs, problem = observe(exercise, learner, cases)
+    if problem:
+        return problem
+    return judge(exercise, cases, outputs, reference_outputs(exercise, ref_function, cases), ref)
+
+
+def tampering_message(tampered: Sequence[str]) -> str:
+    shown = ", ".join(tampered[:5]) + (" ..." if len(tampered) > 5 else "")
+    return (f"This notebook replaced functions the checks rely on ({shown}), so no check "
+            "in it can be trusted and it gets no points for them; it is flagged for review. "
+            "[mistake:tampering]")
+
+
+def finish(name: str, problem: str | None) -> str | None:
+    """The learner-facing message for a failed check (None when it passed)."""
+    if not problem:
+        return None
+    return problem if problem.startswith("`") else f"`{name}`: {problem}"
+
+
 def check(assignment: str, name: str, namespace: dict) -> None:
-    """Grade the learner's ``name`` from ``namespace``; raise ``CheckFailed`` if wrong."""
+    """Grade the learner's ``name`` from ``namespace``; raise ``CheckFailed`` if wrong.
+
+    Under the sandboxed grader (``autograder.grade``) the reference is not
+    here: the learner's outputs go out to the trusted grader, which compares
+    them (``verdict.link``); otherwise the comparison runs here, against
+    ``reference.load``.
+    """
+    from . import verdict
     from .exercises import exercise as find_exercise
 
     tampered = trusted.replaced()
-    if tampered:
-        shown = ", ".join(tampered[:5]) + (" ..." if len(tampered) > 5 else "")
-        raise CheckFailed(
-            f"This notebook replaced functions the checks rely on ({shown}), so no check "
-            "in it can be trusted and it gets no points for them; it is flagged for review. "
-            "[mistake:tampering]"
-        )
+    link = verdict.link()
+    if tampered and link is None:
+        raise CheckFailed(tampering_message(tampered))
     exercise = find_exercise(assignment, name)
     target = exercise.target or name
     learner = namespace.get(target, _MISSING)
     if learner is _MISSING:
-        raise CheckFailed(f"`{target}` is not defined: run its exercise cell, and keep the name `{target}`.")
+        message = f"`{target}` is not defined: run its exercise cell, and keep the name `{target}`."
+        if link is not None:
+            link.report_missing(assignment, name, message, tampered)
+        raise CheckFailed(message)
+    if link is not None:
+        _check_outside(link, assignment, exercise, learner, namespace, tampered)
+        return
     ref = reference.load(assignment)
     restore = substitute(namespace, {dep: getattr(ref, dep) for dep in exercise.depends_on})
     try:
@@ -318,8 +394,37 @@ def check(assignment: str, name: str, namespace: dict) -> None:
         raise
     if problem:
         restore()
-        raise CheckFailed(problem if problem.startswith("`") else f"`{target}`: {problem}")
+        raise CheckFailed(finish(target, problem))
     # The visible checks that follow in the same cell also run with the
     # reference dependencies, so they too judge this exercise alone.
+    _restore_after_this_cell(restore)
+    print(f"{name}: all hidden checks passed.")
+
+
+def _check_outside(link, assignment: str, exercise: Exercise, learner, namespace: dict, tampered) -> None:
+    """The sandboxed half of a check: run the learner here, let the grader judge outside."""
+    name = exercise.name
+    shipment = link.begin(assignment, name, tampered)
+    if shipment.get("message"):
+        raise CheckFailed(shipment["message"])
+    # What the check may see of the reference, and all ``reference.load`` gives in here
+    reference.provide(assignment, shipment["cells"])
+    dependencies = reference.load(assignment)
+    cases = shipment["cases"]
+    restore = substitute(namespace, {dep: getattr(dependencies, dep) for dep in exercise.depends_on})
+    try:
+        problem = None
+        for prop in exercise.properties:
+            problem = problem or prop(learner)
+        outputs = []
+        if not problem:
+            outputs, problem = observe(exercise, learner, cases)
+        message = link.result(assignment, name, problem, outputs, trusted.replaced())
+    except BaseException:
+        restore()
+        raise
+    if message:
+        restore()
+        raise CheckFailed(message)
     _restore_after_this_cell(restore)
     print(f"{name}: all hidden checks passed.")

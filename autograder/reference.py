@@ -5,8 +5,12 @@ code cells whose nbgrader ``grade_id`` starts with ``setup``) and its answer
 cells, in notebook order, into a fresh module, and returns that module. There
 is no second copy of any solution anywhere.
 
-This is the only place that knows where the reference lives. The grading
-sandbox can point it elsewhere with ``AUTOGRADER_SOLUTIONS``.
+This is the only place that knows where the reference lives:
+``AUTOGRADER_SOLUTIONS`` points it at another folder, and the sandboxed grader
+(``autograder.grade``), whose notebooks never see ``solutions/``, reads the
+reference cells here (``source_cells``) in the trusted process and hands them to
+its workers as data (``provide``); inside the sandbox, ``build`` makes a module
+of only the cells a check may reveal (its exercise's dependencies).
 """
 import functools
 import json
@@ -36,15 +40,36 @@ def reference_cells(notebook: dict):
             yield grade_id, "".join(source) if isinstance(source, list) else source
 
 
-@functools.cache
-def load(assignment: str) -> types.ModuleType:
+_provided: dict[str, list] = {}
+
+
+def source_cells(assignment: str) -> list[tuple[str, str]]:
+    """(grade_id, source) of the reference cells of ``assignment``, read from the solutions folder."""
     path = solutions_dir() / assignment / f"{assignment}.ipynb"
     if not path.is_file():
         raise FileNotFoundError(f"no reference notebook for {assignment!r} at {path}")
-    notebook = json.loads(path.read_text(encoding="utf-8"))
+    return list(reference_cells(json.loads(path.read_text(encoding="utf-8"))))
+
+
+def provide(assignment: str, cells) -> None:
+    """Use ``cells`` ((grade_id, source) pairs) as the reference of ``assignment`` from now on."""
+    _provided[assignment] = [tuple(cell) for cell in cells]
+    load.cache_clear()
+
+
+def build(assignment: str, cells) -> types.ModuleType:
+    """A fresh module made by executing ``cells`` in order, registered in ``sys.modules``."""
     module = types.ModuleType(f"autograder.reference_{assignment}")
-    module.__file__ = str(path)
-    sys.modules[module.__name__] = module  # dataclasses look their module up here
-    for grade_id, source in reference_cells(notebook):
+    sys.modules[module.__name__] = module  # dataclasses and pickle look their module up here
+    for grade_id, source in cells:
         exec(compile(source, f"<reference {assignment}:{grade_id}>", "exec"), module.__dict__)
+    return module
+
+
+@functools.cache
+def load(assignment: str) -> types.ModuleType:
+    if assignment in _provided:
+        return build(assignment, _provided[assignment])
+    module = build(assignment, source_cells(assignment))
+    module.__file__ = str(solutions_dir() / assignment / f"{assignment}.ipynb")
     return module

@@ -129,6 +129,7 @@ class Explorer(widgets.VBox):
         self._background = None  # the figure without its animated artists, for blitting
         self._layout_engine = None  # the figure's own engine, run by _lay_out when needed
         self._drawn_decorations = None
+        self._laid_out_for = None  # what the layout was computed for (see _layout_key)
         canvas.mpl_connect("draw_event", self._on_full_draw)
         children = [widgets.HBox(controls).add_class("explorer-controls"), view, self.message]
         if title:
@@ -176,6 +177,29 @@ class Explorer(widgets.VBox):
             ))
         return tuple(key)
 
+    def _layout_key(self) -> tuple:
+        """What the layout depends on: the figure's size, which axes are shown,
+        their labels, titles and legends, and per axis whether it has tick labels
+        and how long the longest is. Limits that move the ticks without changing
+        that (0 5 10 becoming 1 6 11, or 5 ticks becoming 9) keep the layout: a
+        new layout costs as much as drawing the whole figure again."""
+        key = [tuple(self.figure.get_size_inches()), self.figure.dpi]
+        for axes in self.figure.axes:
+            legend = axes.get_legend()
+            shape = []
+            for axis in (axes.xaxis, axes.yaxis):
+                labels = [t.label1.get_text() for t in axis._update_ticks()] if axes.get_visible() else []
+                tick = axis.majorTicks[0].label1
+                shape.append((bool(labels), max(map(len, labels), default=0), axis.get_label_text(),
+                              tick.get_fontsize(), tick.get_rotation(), axis.get_visible()))
+            key.append((
+                axes.get_visible(), *shape,
+                *((bool(text), text.count("\n")) for text in
+                  (t.get_text() for t in (axes.title, axes._left_title, axes._right_title))),
+                tuple(t.get_text() for t in legend.get_texts()) if legend else None,
+            ))
+        return tuple(key)
+
     def _lay_out(self) -> None:
         """Run the figure's layout engine now, and keep it from running on every draw."""
         if self._layout_engine is None:
@@ -208,7 +232,10 @@ class Explorer(widgets.VBox):
         decorations = self._decorations(data)
         changed = decorations != self._drawn_decorations
         if changed:
-            self._lay_out()
+            layout_key = self._layout_key()
+            if layout_key != self._laid_out_for:
+                self._lay_out()
+                self._laid_out_for = layout_key
             self._drawn_decorations = decorations
         if _is_widget_canvas(canvas):
             if changed:  # left out of the full drawing, drawn over it (_on_full_draw)

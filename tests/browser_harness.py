@@ -147,6 +147,13 @@ class LabNotebook:
         scope = None if cell_index is None else self.cells().nth(cell_index)
         return Explorer.all_in(self.page, scope)
 
+    def only_explorer(self, css_class: str):
+        """The notebook's one course widget of class ``css_class``, in view and quiet."""
+        [explorer] = [e for e in self.explorers() if e.topic_class == css_class]
+        explorer.locator.scroll_into_view_if_needed()
+        explorer.settle()
+        return explorer
+
     def error_outputs(self) -> list[str]:
         """Texts of error outputs (tracebacks) in the notebook."""
         return self.page.locator(

@@ -23,6 +23,15 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("alternative_student", list(cls.alternatives))
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Each test's figures are closed after it, so none piles up across the suite."""
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 @pytest.fixture
 def grading_env(monkeypatch):
     """Behave as while nbgrader grades a notebook."""

@@ -306,6 +306,31 @@ class Explorer:
         press(key)
         return lambda: press(back)
 
+    # -- one named input, as a topic's test gives it
+    def key_on(self, slider_class: str, key: str) -> None:
+        """A key press on the handle of the slider with CSS class ``slider_class``;
+        waits until the figure's pixels change and the widget is quiet again."""
+        self.arm()
+        handle = self.locator.locator(f".{slider_class} .noUi-handle")
+        handle.scroll_into_view_if_needed()
+        handle.focus()
+        self.page.keyboard.press(key)
+        assert self.wait_for_change(pixels_only=True).what == "pixels"
+        self.settle()
+
+    def click_on(self, selector: str, has_text: str | None = None) -> None:
+        """A click on the element ``selector`` inside the widget (the one showing
+        ``has_text`` if given); waits as ``key_on`` does."""
+        self.arm()
+        target = self.locator.locator(selector, has_text=has_text) if has_text else self.locator.locator(selector)
+        target.scroll_into_view_if_needed()
+        target.click()
+        assert self.wait_for_change(pixels_only=True).what == "pixels"
+        self.settle()
+
+    def text_of(self, selector: str) -> str:
+        return self.locator.locator(selector).inner_text()
+
     def settle(self, quiet_ms: float = 300, timeout_s: float = 60) -> None:
         """Wait until the kernel is idle and the widget has neither drawn nor changed
         its text for ``quiet_ms``: the last input's effects are all shown."""

@@ -49,23 +49,38 @@ class GradingSuite:
     mistakes: dict = {}
     alternatives: dict = {}
     wrong_answers: dict = {}
+    checked_by: dict = {}  # mistake id -> the exercise whose check catches it, when not its own
 
     # ------------------------------------------------------------ the class
+    @classmethod
+    def submit_class(cls, course: Course) -> dict:
+        """Write the class's submissions into ``course``: {student: {grade cell: the points it should get}}.
+
+        ``./course grade`` grades the same class (tests/test_grade_command.py).
+        """
+        full = course.max_scores(cls.assignment)
+        zero = {cell: 0.0 for cell in full}
+        expected = {"reference": full, "untouched": zero}
+        course.submit("reference", cls.assignment)
+        course.submit("untouched", cls.assignment, UNTOUCHED)
+        for student, (exercise, source, mistake_id) in cls.mistakes.items():
+            course.submit(student, cls.assignment, {exercise: textwrap.dedent(source)})
+            expected[student] = {**full, f"test_{cls.checked_by.get(mistake_id, exercise)}": 0.0}
+        for student, answers in cls.alternatives.items():
+            course.submit(student, cls.assignment, {e: textwrap.dedent(s) for e, s in answers.items()})
+            expected[student] = full
+        wrong = {e: textwrap.dedent(s) for e, s in cls.wrong_answers.items()}
+        course.submit("patches-allclose", cls.assignment, wrong, edit=insert_after_setup(PATCH_ALLCLOSE))
+        course.submit("patches-numpy-testing", cls.assignment, wrong, edit=insert_after_setup(PATCH_NUMPY_TESTING))
+        expected.update({"patches-allclose": zero, "patches-numpy-testing": zero})
+        return expected
+
     @pytest.fixture(scope="class")
     @classmethod
     def graded(cls, tmp_path_factory) -> Course:
-        self = cls
-        course = Course.create(tmp_path_factory.mktemp(self.assignment), [self.assignment])
-        course.submit("reference", self.assignment)
-        course.submit("untouched", self.assignment, UNTOUCHED)
-        for student, (exercise, source, _) in self.mistakes.items():
-            course.submit(student, self.assignment, {exercise: textwrap.dedent(source)})
-        for student, answers in self.alternatives.items():
-            course.submit(student, self.assignment, {e: textwrap.dedent(s) for e, s in answers.items()})
-        wrong = {e: textwrap.dedent(s) for e, s in self.wrong_answers.items()}
-        course.submit("patches-allclose", self.assignment, wrong, edit=insert_after_setup(PATCH_ALLCLOSE))
-        course.submit("patches-numpy-testing", self.assignment, wrong, edit=insert_after_setup(PATCH_NUMPY_TESTING))
-        course.autograde(self.assignment)
+        course = Course.create(tmp_path_factory.mktemp(cls.assignment), [cls.assignment])
+        cls.submit_class(course)
+        course.autograde(cls.assignment)
         return course
 
     def exercises(self) -> list[str]:

@@ -1,52 +1,39 @@
-"""Real JupyterLab, real chromium: notebook 04's solution runs and its three widgets respond.
+"""Real JupyterLab, real chromium: notebook 04's widgets show the right numbers.
 
-Fixtures ``lab``, ``browser`` and ``open_copy`` come from conftest.py.
+test_browser_acceptance.py already checks that every widget renders and that
+every control changes it; here the topic's own facts are read off the page.
+``ran_solution`` (conftest.py) gives the solution notebook after its one Run
+All of the session; the page is shared, so each change is undone at the end.
 """
-from pathlib import Path
-
 from browser_harness import ARTIFACTS, needs_chromium
-
-REPOSITORY = Path(__file__).resolve().parent.parent
 
 pytestmark = needs_chromium
 
 
-def press_on_slider(notebook, selector: str, key: str = "ArrowRight") -> None:
-    handle = notebook.page.locator(f"{selector} .noUi-handle")
-    handle.scroll_into_view_if_needed()
-    handle.focus()
-    notebook.page.keyboard.press(key)
+def test_pair_0_at_position_4_has_turned_4_radians(ran_solution):
+    notebook = ran_solution("04_rope")
+    rotation = notebook.only_explorer("rope-rotation")
+    rotation.key_on("position-slider", "ArrowRight")
+    readout = rotation.text_of(".rope-rotation-readout")
+    assert "4 × 1 = 4.000 rad" in readout and "(-0.654, -0.757)" in readout, readout
+    rotation.screenshot(ARTIFACTS / "rope-rotation.png")
+    rotation.key_on("position-slider", "ArrowLeft")
 
 
-def test_notebook_04_runs_and_its_three_widgets_respond(open_copy):
-    notebook = open_copy(REPOSITORY / "solutions" / "04_rope" / "04_rope.ipynb")
-    notebook.run_all()
-    assert notebook.error_outputs() == []
-    ARTIFACTS.mkdir(exist_ok=True)
+def test_score_of_query_4_against_key_1_is_at_distance_3(ran_solution):
+    notebook = ran_solution("04_rope")
+    scores = notebook.only_explorer("rope-scores")
+    scores.key_on("m-slider", "ArrowRight")
+    assert "q at position 4, k at position 1 (distance m − n = 3)" in scores.text_of(".rope-scores-readout")
+    scores.screenshot(ARTIFACTS / "rope-scores.png")
+    scores.key_on("m-slider", "ArrowLeft")
 
-    # a pair turning: one step right on "position m" turns pair 0 to position 4 (4 rad)
-    rotation = ".rope-rotation"
-    before = notebook.canvas_pixels(rotation)
-    press_on_slider(notebook, f"{rotation} .position-slider")
-    notebook.wait_for_new_pixels(rotation, before)
-    readout = notebook.page.locator(f"{rotation} .rope-rotation-readout").inner_text()
-    assert "4 × 1 = 4.000 rad" in readout and "(-0.654, -0.757)" in readout
-    notebook.page.locator(rotation).screenshot(path=ARTIFACTS / "rope-rotation.png")
 
-    # the score over (m, n): query at m = 4 against the key at n = 1
-    scores = ".rope-scores"
-    before = notebook.canvas_pixels(scores)
-    press_on_slider(notebook, f"{scores} .m-slider")
-    notebook.wait_for_new_pixels(scores, before)
-    readout = notebook.page.locator(f"{scores} .rope-scores-readout").inner_text()
-    assert "q at position 4, k at position 1 (distance m − n = 3)" in readout
-    notebook.page.locator(scores).screenshot(path=ARTIFACTS / "rope-scores.png")
-
-    # neighbour vs half-split: clicking head_dim 16 redraws 16 dimensions
-    pairing = ".rope-pairing"
-    before = notebook.canvas_pixels(pairing)
-    notebook.page.locator(f"{pairing} .head-dim-choice button", has_text="16").click()
-    notebook.wait_for_new_pixels(pairing, before)
-    readout = notebook.page.locator(f"{pairing} .rope-pairing-readout").inner_text()
-    assert "(1, 9)" in readout and "✓" in readout
-    notebook.page.locator(pairing).screenshot(path=ARTIFACTS / "rope-pairing.png")
+def test_pairing_with_16_dimensions_sends_pair_1_to_slots_1_and_9(ran_solution):
+    notebook = ran_solution("04_rope")
+    pairing = notebook.only_explorer("rope-pairing")
+    pairing.click_on(".head-dim-choice button", has_text="16")
+    readout = pairing.text_of(".rope-pairing-readout")
+    assert "(1, 9)" in readout and "✓" in readout, readout
+    pairing.screenshot(ARTIFACTS / "rope-pairing.png")
+    pairing.click_on(".head-dim-choice button", has_text="8")

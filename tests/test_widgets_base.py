@@ -123,7 +123,8 @@ class Stretchy(Explorer):
             self.axes.axhline(0.5, color="black")
 
 
-def test_a_change_of_limits_redraws_everything_and_lays_the_figure_out_again(ipympl_canvas, monkeypatch):
+def test_a_change_of_limits_redraws_everything_and_lays_the_figure_out_when_tick_labels_grow(
+        ipympl_canvas, monkeypatch):
     widget = Stretchy()
     layouts = []
     execute = widget._layout_engine.execute
@@ -132,14 +133,17 @@ def test_a_change_of_limits_redraws_everything_and_lays_the_figure_out_again(ipy
     widget.figure.canvas.draw()
     widget.height.value = 1.5  # the bars only: blitted, no new layout
     assert (recorder.full_requests, len(layouts)) == (0, 0)
-    widget.height.value = 4.0  # new y limits: new tick labels, so a new layout and a full draw
+    widget.height.value = 4.0  # y limits 0-8: tick labels 0 2 4 6 8 instead of 0.00 0.25 ...: laid out again
     assert (recorder.full_requests, len(layouts)) == (1, 1)
     widget.figure.canvas.draw()
-    widget.height.value = 4.5
-    assert (recorder.full_requests, len(layouts)) == (2, 2)
+    widget.height.value = 4.5  # 0-9: other limits, same tick labels: drawn in full, the layout kept
+    assert (recorder.full_requests, len(layouts)) == (2, 1)
+    widget.figure.canvas.draw()
+    widget.height.value = 6.0  # 0-12: a tick label of two digits: laid out again
+    assert (recorder.full_requests, len(layouts)) == (3, 2)
     widget.figure.canvas.draw()
     widget.height.value = 0.5  # a new line: drawn in full, and animated from then on
-    assert recorder.full_requests == 3
+    assert recorder.full_requests == 4
     assert widget.axes.lines[0] in widget._animated and widget.axes.lines[0].get_animated()
 
 

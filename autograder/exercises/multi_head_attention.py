@@ -363,12 +363,16 @@ def _steps_with_fallback(cls):
         return [python_steps(cls, h) for h in PROBE_HEADS]
     except _TracerRemoved:
         raise
-    except Exception:
+    except Exception as failure:
         namespace = getattr(getattr(cls, "forward", None), "__globals__", None)
         if not isinstance(namespace, dict):
             raise
-        ref = reference.load(ASSIGNMENT)
-        restore = substitute(namespace, {name: getattr(ref, name) for name in _GIVEN})
+        try:
+            ref = reference.load(ASSIGNMENT)
+            given = {name: getattr(ref, name) for name in _GIVEN}
+        except Exception:  # no reference here: the learner's own failure stands
+            raise failure from None
+        restore = substitute(namespace, given)
         try:
             return [python_steps(cls, h) for h in PROBE_HEADS]
         finally:
@@ -486,5 +490,5 @@ EXERCISES = {
     # Its own check cell and points: judges the forward pass as the learner wrote
     # it (with their split_heads and merge_heads), not its numbers.
     "no_head_loop": Exercise("no_head_loop", _no_cases, target="MultiHeadAttention",
-                             mistakes=(HEAD_LOOP,), properties=(no_head_loop_property,)),
+                             mistakes=(HEAD_LOOP,), properties=(no_head_loop_property,), reference_uses=_GIVEN),
 }

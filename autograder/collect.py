@@ -1,0 +1,294 @@
+"""Find the submissions to grade: nbgrader's folder layout, or a zip of them.
+
+Two layouts, the ones nbgrader itself knows:
+
+- ``submitted/<student>/<assignment>/<notebook>.ipynb`` (with an optional
+  ``timestamp.txt``), as ``nbgrader collect`` leaves them, or a zip of that tree;
+- flat, LMS-style file names, as an LMS's bulk download gives them, matched by
+  nbgrader's ``FileNameCollectorPlugin`` and its ``named_regexp`` (the
+  convention ``nbgrader zip_collect`` uses; configured in ``nbgrader_config.py``),
+  in a zip or a folder.
+
+A zip is unpacked safely (no paths outside the target, bounded sizes) and its
+notebooks are filed into the course's ``submitted/`` folder, never replacing a
+different file already there unless asked. Submitted files are only ever read.
+
+Every file that cannot be used gets a message saying why, and collection goes
+on: names that match nothing, unknown assignments, several candidate
+notebooks. A notebook under the wrong name is graded when it is the only
+notebook of that submission (it gets flagged ``wrong-file-name``).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+MAX_FILE = 200 * 1024 * 1024
+MAX_TOTAL = 2 * 1024 * 1024 * 1024
+MAX_FILES = 100_000
+IGNORED_PARTS = {"__MACOSX", ".ipynb_checkpoints", ".DS_Store"}
+STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")  # a folder name, never "..", never a path
+
+
+@dataclass
+class Submission:
+    student: str
+    assignment: str
+    notebook: str
+    path: Path | None             # None: nothing submitted for this notebook
+    source_name: str
+    timestamp: str | None = None
+    notes: list = field(default_factory=list)
+    flags: list = field(default_factory=list)
+
+    def read(self) -> bytes | None:
+        return None if self.path is None else self.path.read_bytes()
+
+    def digest(self) -> str:
+        hasher = hashlib.sha256()
+        hasher.update((self.source_name + "\0" + (self.timestamp or "") + "\0").encode())
+        hasher.update(b"-" if self.path is None else self.path.read_bytes())
+        return hasher.hexdigest()
+
+
+@dataclass
+class Collection:
+    submissions: list[Submission] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)  # files that could not be used, and why
+
+
+def _notebooks(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix == ".ipynb" and p.is_file() and not p.name.startswith("."))
+
+
+def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | None) -> Collection:
+    """``root/<student>/<assignment>/...``; ``notebooks``: assignment -> its notebook names."""
+    found = Collection()
+    for student_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
+        student = student_dir.name
+        if not STUDENT_ID.match(student):
+            found.messages.append(f"{student}: skipped, not a usable student id")
+            continue
+        for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
+            assignment = assignment_dir.name
+            if assignment not in notebooks:
+                found.messages.append(f"{student}/{assignment}: skipped, no assignment of that name "
+                                      f"(known: {', '.join(sorted(notebooks))})")
+                continue
+            if wanted and assignment not in wanted:
+                continue
+            timestamp = _stamp(assignment_dir)
+            present = _notebooks(assignment_dir)
+            expected = notebooks[assignment]
+            unexpected = [p for p in present if p.stem not in expected]
+            for notebook in expected:
+                path = assignment_dir / f"{notebook}.ipynb"
+                where = f"{student}/{assignment}/{notebook}.ipynb"
+                if path.is_file():
+                    found.submissions.append(Submission(student, assignment, notebook, path, where, timestamp))
+                elif len(expected) == 1 and len(unexpected) == 1:
+                    other = unexpected[0]
+                    note = (f"{student}/{assignment}: no {notebook}.ipynb; graded {other.name}, the only "
+                            f"notebook submitted, in its place")
+                    found.submissions.append(Submission(student, assignment, notebook, other,
+                                                        f"{student}/{assignment}/{other.name}", timestamp,
+                                                        notes=[note], flags=["wrong-file-name"]))
+                    unexpected = []
+                else:
+                    reason = (f"no {notebook}.ipynb was submitted" +
+                              (f" (found {', '.join(p.name for p in unexpected)}; which one is it?)" if unexpected else ""))
+                    found.submissions.append(Submission(student, assignment, notebook, None, where, timestamp,
+                                                        notes=[f"{student}/{assignment}: {reason}"]))
+            for other in unexpected:
+                found.messages.append(f"{student}/{assignment}/{other.name}: skipped, not a notebook of {assignment}")
+    return found
+
+
+def _collector(config):
+    from nbgrader.plugins import FileNameCollectorPlugin
+
+    return FileNameCollectorPlugin(config=config)
+
+
+def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[str] | None, config,
+              submitted: Path, replace: bool) -> Collection:
+    """LMS-style names, filed into ``submitted/<student>/<assignment>/`` (nbgrader's layout)."""
+    found = Collection()
+    plugin = _collector(config)
+    owner = {nb: a for a, names in notebooks.items() for nb in names}
+    if not plugin.named_regexp:
+        found.messages.append("flat file names need FileNameCollectorPlugin.named_regexp in nbgrader_config.py")
+        return found
+    chosen: dict[tuple[str, str], tuple[Path, str | None]] = {}
+    for path in files:
+        info = plugin.collect(path.name)
+        if not info:
+            if path.suffix == ".ipynb":
+                found.messages.append(f"{path.name}: skipped, the name does not say whose notebook it is "
+                                      f"(expected a name matching {plugin.named_regexp})")
+            else:
+                found.messages.append(f"{path.name}: skipped, not a notebook")
+            continue
+        notebook = Path(info["file_id"]).stem
+        if not STUDENT_ID.match(info["student_id"]):
+            found.messages.append(f"{path.name}: skipped, {info['student_id']!r} cannot be a student id")
+            continue
+        assignment = owner.get(notebook)
+        if assignment is None:
+            found.messages.append(f"{path.name}: skipped, {notebook!r} is not a notebook of any assignment")
+            continue
+        if wanted and assignment not in wanted:
+            continue
+        key = (info["student_id"], notebook)
+        timestamp = valid_timestamp(info.get("timestamp"))
+        if key in chosen and (chosen[key][1] or "") >= (timestamp or ""):
+            found.messages.append(f"{path.name}: skipped, an equally recent or newer file for "
+                                  f"{info['student_id']}/{notebook} is in the same collection")
+            continue
+        chosen[key] = (path, timestamp)
+    for (student, notebook), (path, timestamp) in sorted(chosen.items()):
+        assignment = owner[notebook]
+        folder = submitted / student / assignment
+        target = folder / f"{notebook}.ipynb"
+        if target.exists() and target.read_bytes() != path.read_bytes() and not replace:
+            found.messages.append(f"{path.name}: kept the different {student}/{assignment}/{target.name} "
+                                  "already collected (use --replace to take this one)")
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            if not target.exists() or target.read_bytes() != path.read_bytes():
+                shutil.copyfile(path, target)
+            if timestamp:
+                (folder / "timestamp.txt").write_text(timestamp + "\n")
+        found.submissions.append(Submission(student, assignment, notebook, target,
+                                            f"{student}/{assignment}/{target.name}",
+                                            timestamp or _stamp(folder)))
+    return found
+
+
+def _stamp(folder: Path) -> str | None:
+    path = folder / "timestamp.txt"
+    return valid_timestamp(path.read_text(errors="replace").strip()) if path.is_file() else None
+
+
+def valid_timestamp(text: str | None) -> str | None:
+    """``text`` if nbgrader can read it as a time, else None (the submission then has no time)."""
+    from nbgrader.utils import parse_utc
+
+    if not text:
+        return None
+    try:
+        parse_utc(text)
+    except (ValueError, OverflowError):
+        return None
+    return text
+
+
+def unzip(archive: Path, target: Path) -> tuple[Path, list[str]]:
+    """Extract ``archive`` below ``target`` safely; (folder, messages about entries left out)."""
+    messages = []
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+    folder = target / digest
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    total = 0
+    try:
+        archive_file = zipfile.ZipFile(archive)
+    except zipfile.BadZipFile:
+        raise ValueError(f"{archive.name} is not a zip file") from None
+    with archive_file:
+        entries = archive_file.infolist()
+        if len(entries) > MAX_FILES:
+            raise ValueError(f"{archive.name} holds {len(entries)} files; at most {MAX_FILES} are accepted")
+        for entry in entries:
+            name = PurePosixPath(entry.filename.replace("\\", "/"))
+            if entry.is_dir():
+                continue
+            if name.is_absolute() or ".." in name.parts or not name.parts:
+                messages.append(f"{entry.filename}: skipped, a path outside the archive")
+                continue
+            if set(name.parts) & IGNORED_PARTS:
+                continue
+            if entry.file_size > MAX_FILE or total + entry.file_size > MAX_TOTAL:
+                messages.append(f"{entry.filename}: skipped, too large ({entry.file_size} bytes)")
+                continue
+            total += entry.file_size
+            destination = folder.joinpath(*name.parts)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            with archive_file.open(entry) as source, open(destination, "wb") as sink:
+                copied = 0
+                while chunk := source.read(1 << 20):
+                    copied += len(chunk)
+                    if copied > MAX_FILE:
+                        break
+                    sink.write(chunk)
+            if copied > MAX_FILE:
+                destination.unlink()
+                messages.append(f"{entry.filename}: skipped, larger than it claims")
+    return folder, messages
+
+
+def _looks_like_tree(folder: Path, notebooks: dict[str, list[str]]) -> Path | None:
+    """The folder holding ``<student>/<assignment>/`` below ``folder``, if there is one."""
+    candidates = [folder] + [p for p in folder.rglob("*") if p.is_dir() and len(p.relative_to(folder).parts) <= 3]
+    for candidate in candidates:
+        for student in (p for p in candidate.iterdir() if p.is_dir()):
+            if any((student / a).is_dir() for a in notebooks):
+                return candidate
+    return None
+
+
+def collect(source: Path, notebooks: dict[str, list[str]], wanted: set[str] | None, config,
+            submitted: Path, scratch: Path, replace: bool = False) -> Collection:
+    """The submissions in ``source`` (a folder or a zip) for the ``wanted`` assignments (None: all)."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    messages = []
+    if source.is_file():
+        if source.suffix.lower() != ".zip":
+            raise ValueError(f"{source} is neither a folder nor a .zip file")
+        source, messages = unzip(source, scratch)
+        tree = _looks_like_tree(source, notebooks)
+        if tree is not None:
+            found = from_tree(tree, notebooks, wanted)
+            found = _file_tree(found, submitted, replace)
+            found.messages = messages + found.messages
+            return found
+    else:
+        tree = _looks_like_tree(source, notebooks)
+        if tree is not None:
+            found = from_tree(tree, notebooks, wanted)
+            found.messages = messages + found.messages
+            return found
+    files = sorted(p for p in source.rglob("*") if p.is_file() and not set(p.relative_to(source).parts) & IGNORED_PARTS)
+    found = from_flat(files, notebooks, wanted, config, submitted, replace)
+    found.messages = messages + found.messages
+    return found
+
+
+def _file_tree(found: Collection, submitted: Path, replace: bool) -> Collection:
+    """Copy a zip's ``<student>/<assignment>/`` tree into the course's submitted folder."""
+    filed = Collection(messages=found.messages)
+    for submission in found.submissions:
+        if submission.path is None:
+            filed.submissions.append(submission)
+            continue
+        folder = submitted / submission.student / submission.assignment
+        target = folder / submission.path.name
+        if target.exists() and target.read_bytes() != submission.path.read_bytes() and not replace:
+            filed.messages.append(f"{submission.source_name}: kept the different copy already in submitted/ "
+                                  "(use --replace to take the zip's)")
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(submission.path, target)
+            stamp = submission.path.parent / "timestamp.txt"
+            if stamp.is_file():
+                shutil.copyfile(stamp, folder / "timestamp.txt")
+        submission.path = target
+        filed.submissions.append(submission)
+    return filed

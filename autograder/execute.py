@@ -1,0 +1,416 @@
+"""Run a notebook cell by cell in sandboxed kernels, so that one bad cell costs only itself.
+
+``ContainedExecute`` is nbgrader's own ``Execute`` preprocessor (nbclient
+underneath, with nbgrader's timeout and error handling), driven one cell at a
+time against kernels forked by a ``sandbox.Zygote``:
+
+- a cell that runs past its time limit is interrupted; if the interrupt does
+  not stop it (a loop that swallows KeyboardInterrupt) the kernel is killed;
+- a cell that kills its kernel (``os._exit``, a crash, the memory or CPU limit)
+  or hangs is marked as failed in its outputs, and the notebook starts again in
+  a fresh kernel *without that cell*, replaying the cells before it, so every
+  exercise that does not depend on it is still graded;
+- a notebook has a wall-clock budget; cells it leaves unrun fail with a note;
+- processes a cell leaves behind (a fork bomb) are killed after the cell;
+- printed output beyond a limit per cell is dropped (with a note), so 50 MB of
+  prints cost neither memory nor time downstream.
+
+``SandboxKernelManager`` makes a kernel forked by the zygote look like any
+Jupyter kernel to nbclient.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from queue import Empty
+
+from jupyter_client.manager import AsyncKernelManager
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbformat.v4 import new_output
+from nbgrader.preprocessors import Execute
+
+from .sandbox import Limits, Zygote, ZygoteGone
+
+
+class SandboxKernelManager(AsyncKernelManager):
+    """A Jupyter kernel forked by a ``Zygote``; nbclient drives it like any other."""
+
+    def __init__(self, zygote: Zygote, kernel_dir: Path, cwd: str, env: dict, arguments: list[str],
+                 files: dict | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.zygote = zygote
+        self.kernel_dir = Path(kernel_dir)
+        self.kernel_cwd = cwd
+        self.kernel_env = env
+        self.kernel_arguments = arguments
+        self.kernel_files = files or {}
+        self.transport = "ipc"
+        self.ip = str(self.kernel_dir / "k")
+        self.connection_file = str(self.kernel_dir / "kernel.json")
+        self._pid: int | None = None
+        self.swept = 0  # processes killed when interrupting
+        self.headroom_mb: float | None = None
+        self.cpu: float | None = None        # CPU seconds the kernel has used, as of the last look
+        self.cpu_ready: float | None = None  # ... when it was ready: what starting it cost
+
+    @property
+    def has_kernel(self) -> bool:
+        return self._pid is not None
+
+    @property
+    def ipykernel(self) -> bool:
+        return True
+
+    async def _async_start_kernel(self, **kwargs) -> None:  # type: ignore[override]
+        self.kernel_dir.mkdir(parents=True, exist_ok=True)
+        self.zygote.own(self.kernel_dir, writable=True)
+        self.write_connection_file()
+        if self.zygote.as_root and self.zygote.sandboxed and self.zygote.uid is not None:
+            os.chown(self.connection_file, self.zygote.uid, self.zygote.uid)
+        reply = self.zygote.request(
+            "spawn", connection_file=self.connection_file, cwd=self.kernel_cwd, env=self.kernel_env,
+            arguments=self.kernel_arguments, limits=asdict(self.zygote.limits), files=self.kernel_files,
+            log="/tmp/kernel.log")
+        self._pid = reply["pid"]
+
+    start_kernel = _async_start_kernel
+
+    def lock(self) -> None:
+        """Once the kernel has made its sockets, the notebook may not write there any more."""
+        self.zygote.own(self.kernel_dir, writable=False)
+
+    async def _async_is_alive(self) -> bool:  # type: ignore[override]
+        if self._pid is None:
+            return False
+        try:
+            return bool(self.zygote.request("poll", pid=self._pid)["alive"])
+        except ZygoteGone:
+            return False
+
+    async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
+        """Interrupt the kernel, first killing what it started (a fork bomb would starve it)."""
+        if self._pid is not None:
+            try:
+                self.swept += int(self.zygote.request("interrupt", pid=self._pid).get("killed", 0))
+            except ZygoteGone:
+                pass
+
+    def sweep(self) -> int:
+        """Kill what the notebook started besides its kernel; the number killed.
+
+        Also notes ``headroom_mb``, the memory the kernel may still take.
+        """
+        if self._pid is None:
+            return 0
+        try:
+            reply = self.zygote.request("sweep", pid=self._pid)
+        except ZygoteGone:
+            return 0
+        self.headroom_mb = reply.get("headroom_mb")
+        if reply.get("cpu") is not None:
+            self.cpu = reply["cpu"]
+        return int(reply.get("killed", 0))
+
+    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+        try:
+            reply = self.zygote.request("reset", timeout=120, pid=self._pid)
+            if reply.get("cpu") is not None:
+                self.cpu = reply["cpu"]
+        except ZygoteGone:
+            pass
+        self._pid = None
+        await self.cleanup_resources()
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
+        try:
+            self.cleanup_connection_file()
+            self.cleanup_ipc_files()
+        except OSError:
+            pass
+        if self.kernel_dir.exists():
+            shutil.rmtree(self.kernel_dir, ignore_errors=True)
+
+    # jupyter_client calls both the public and the underscored names
+    is_alive = _async_is_alive
+    interrupt_kernel = _async_interrupt_kernel
+    shutdown_kernel = _async_shutdown_kernel
+    cleanup_resources = _async_cleanup_resources
+
+
+@dataclass
+class Fault:
+    cell: int
+    kind: str      # "timeout" (interrupted), "hung" (killed), "died", "not-run"
+    message: str
+
+
+@dataclass
+class Execution:
+    """What happened while a notebook ran."""
+
+    cell_seconds: float = 0.0    # time spent running cells (replays included)
+    cell_cpu_seconds: float = 0.0  # CPU time the kernels used running them
+    kernel_seconds: float = 0.0  # starting and stopping kernels
+    kernels: int = 0
+    faults: list[Fault] = field(default_factory=list)
+    truncated: list[int] = field(default_factory=list)  # cells whose printed output was cut
+    stray_processes: int = 0     # processes cells left behind, killed
+
+
+def error_output(ename: str, evalue: str):
+    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])  # noqa: E731
+
+
+def _grade_id(cell) -> str | None:
+    meta = cell.metadata.get("nbgrader", {})
+    return meta.get("grade_id") if meta.get("grade") else None
+
+
+class ContainedExecute(Execute):
+    """nbgrader's Execute, one cell at a time, in fresh sandboxed kernels after faults."""
+
+    def __init__(self, zygote: Zygote, limits: Limits, cwd: str, env: dict, arguments: list[str],
+                 files: dict | None = None, server=None, **kwargs):
+        super().__init__(**kwargs)
+        self.zygote = zygote
+        self.limits = limits
+        self.kernel_cwd = cwd
+        self.kernel_env = env
+        self.kernel_arguments = arguments
+        self.kernel_files = files or {}
+        self.server = server
+        self.allow_errors = True
+        self.interrupt_on_timeout = True
+        self.raise_on_iopub_timeout = True
+        self.iopub_timeout = 4
+        self.record_timing = False
+        self._timed_out = False
+        self._swept = 0
+        self._cell_cpu = 0.0
+        self._printed: dict[int, int] = {}
+        self._cut: set[int] = set()
+        self._kernel_count = 0
+
+    # ------------------------------------------------------------ nbclient hooks
+    async def _async_handle_timeout(self, timeout, cell=None):
+        self._timed_out = True
+        return await super()._async_handle_timeout(timeout, cell)
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            size = len(content.get("text", ""))
+        else:  # display data, results: their payloads
+            size = sum(len(value) if isinstance(value, str) else 64 for value in content.get("data", {}).values())
+        total = self._printed.get(cell_index, 0) + size
+        self._printed[cell_index] = total
+        if total > self.limits.output_mb * 1024 * 1024 and msg["msg_type"] != "error":
+            self._cut.add(cell_index)
+            return None
+        return super().output(outs, msg, display_id, cell_index)
+
+    # ------------------------------------------------------------ kernels
+    async def _ready(self, deadline: float) -> None:
+        """Wait until the kernel answers on shell and iopub (no fixed sleeps).
+
+        A kernel_info request goes out every half second until the kernel has
+        answered one on shell and iopub has shown an "idle" for one: iopub is a
+        subscription that may join late, so its first messages can be lost, and
+        no output of the first cell must be.
+        """
+        kc = self.kc
+        asked: set[str] = set()
+        replied = idle = False
+        next_request = 0.0
+        while time.monotonic() < deadline:
+            if time.monotonic() >= next_request:
+                asked.add(kc.kernel_info())
+                next_request = time.monotonic() + 0.5
+            got_any = False
+            try:
+                msg = await kc.shell_channel.get_msg(timeout=0.05)
+                got_any = True
+                if msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "kernel_info_reply":
+                    if not replied:
+                        kc._handle_kernel_info_reply(msg)
+                    replied = True
+            except Empty:
+                pass
+            try:
+                msg = await kc.iopub_channel.get_msg(timeout=0.05)
+                got_any = True
+                if (msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "status"
+                        and msg["content"]["execution_state"] == "idle"):
+                    idle = True
+            except Empty:
+                pass
+            if replied and idle:
+                while True:  # what is left of the kernel_info requests is not the first cell's
+                    try:
+                        await kc.iopub_channel.get_msg(timeout=0.05)
+                    except Empty:
+                        break
+                return
+            if not got_any and not await self.km.is_alive():
+                raise DeadKernelError("the kernel died while starting")
+        raise RuntimeError("the kernel did not start in time")
+
+    async def _start_kernel(self) -> None:
+        self._kernel_count += 1
+        for attempt in range(2):
+            try:
+                self.zygote.ensure()
+                self.km = SandboxKernelManager(
+                    self.zygote, self.zygote.run_dir / f"kernel{self._kernel_count}-{attempt}", self.kernel_cwd,
+                    self.kernel_env, self.kernel_arguments, self.kernel_files)
+                await self.km.start_kernel()
+                self.kc = self.km.client()
+                self.kc.start_channels()
+                await self._ready(time.monotonic() + max(60.0, self.startup_timeout))
+                self.kc.allow_stdin = False
+                self.km.lock()
+                self.km.sweep()
+                self.km.cpu_ready = self.km.cpu
+                return
+            except (ZygoteGone, DeadKernelError, RuntimeError) as error:
+                await self._stop_kernel()
+                if attempt:
+                    raise RuntimeError(f"no kernel could start: {error}; {self.zygote.log_tail()}") from error
+
+    async def _stop_kernel(self) -> None:
+        if self.km is not None:
+            self._swept += self.km.swept
+        km = self.km
+        if self.kc is not None:
+            try:
+                self.kc.stop_channels()
+            except Exception:
+                pass
+            self.kc = None
+        if self.km is not None:
+            await self.km.shutdown_kernel(now=True)
+            self.km = None
+        if km is not None and km.cpu is not None and km.cpu_ready is not None:
+            self._cell_cpu += max(0.0, km.cpu - km.cpu_ready)
+
+    # ------------------------------------------------------------ one cell
+    async def _run_cell(self, index: int) -> str:
+        """'ok', 'timeout' (interrupted, kernel fine), 'hung' or 'died'."""
+        cell = self.nb.cells[index]
+        self._timed_out = False
+        if self.server is not None:
+            self.server.start_cell(_grade_id(cell))
+        try:
+            await self.async_execute_cell(cell, index, store_history=True)
+        except CellTimeoutError:
+            return "hung"
+        except (DeadKernelError, ZygoteGone):
+            return "died"
+        except Exception:
+            if self.km is not None and not await self.km.is_alive():
+                return "died"
+            return "hung"
+        finally:
+            if self.server is not None:
+                self.server.end_cell()
+        if self._timed_out:
+            return "timeout" if await self.km.is_alive() else "died"
+        return "ok"
+
+    # ------------------------------------------------------------ the notebook
+    def run(self, nb) -> Execution:
+        """Execute ``nb`` in place; what happened."""
+        self.nb = nb
+        self.reset_execution_trackers()
+        return asyncio.run(self._run_notebook())
+
+    async def _run_notebook(self) -> Execution:
+        report = Execution()
+        code_cells = [i for i, cell in enumerate(self.nb.cells) if cell.cell_type == "code" and cell.source.strip()]
+        faulty: dict[int, Fault] = {}
+        deadline = time.monotonic() + self.limits.notebook_seconds
+        stopped_at: int | None = None
+        stop_reason = ""
+        while True:
+            started = time.monotonic()
+            try:
+                await self._start_kernel()
+            except RuntimeError as error:
+                stopped_at, stop_reason = (code_cells[0] if code_cells else None), str(error)
+                break
+            report.kernels += 1
+            report.kernel_seconds += time.monotonic() - started
+            if self.server is not None:
+                self.server.new_kernel([_grade_id(self.nb.cells[i]) for i in faulty])
+            restart = False
+            for index in code_cells:
+                if index in faulty:
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0.5:
+                    stopped_at = index
+                    stop_reason = (f"not run: the notebook reached its time limit "
+                                   f"({self.limits.notebook_seconds:g} s)")
+                    break
+                self.timeout = max(1, int(min(self.limits.cell_seconds, remaining)))
+                began = time.monotonic()
+                outcome = await self._run_cell(index)
+                report.cell_seconds += time.monotonic() - began
+                cell = self.nb.cells[index]
+                if outcome in ("ok", "timeout"):
+                    if self.km is not None:
+                        report.stray_processes += self.km.sweep()
+                    if outcome == "timeout":
+                        report.faults.append(Fault(index, "timeout", f"interrupted after {self.timeout} s"))
+                    headroom = self.km.headroom_mb if self.km is not None else None
+                    if headroom is None or headroom > max(128.0, self.limits.memory_mb / 10):
+                        continue
+                    # The cell keeps (nearly) all the memory a notebook may have: every later
+                    # cell would fail for want of it. It counts as failed, like a crash.
+                    outcome = "memory"
+                if outcome == "hung":
+                    message = (f"This cell ran past its time limit ({self.timeout} s) and did not stop when "
+                               "interrupted, so its kernel was stopped; the rest of the notebook ran in a "
+                               "fresh kernel without this cell.")
+                    name = "CellTimeoutError"
+                elif outcome == "memory":
+                    message = (f"This cell kept almost all the memory a notebook may use "
+                               f"({self.limits.memory_mb} MB), so the rest of the notebook ran in a fresh "
+                               "kernel without this cell.")
+                    name = "MemoryError"
+                else:
+                    message = ("The kernel stopped while running this cell (an exit, a crash, or the memory "
+                               "or CPU limit); the rest of the notebook ran in a fresh kernel without this cell.")
+                    name = "DeadKernelError"
+                if not any(o.get("output_type") == "error" and o.get("ename") == name for o in cell.outputs):
+                    cell.outputs.append(error_output(name, message))
+                faulty[index] = Fault(index, outcome, message)
+                report.faults.append(faulty[index])
+                restart = True
+                break
+            stopped = time.monotonic()
+            await self._stop_kernel()
+            report.kernel_seconds += time.monotonic() - stopped
+            if not restart or stopped_at is not None:
+                break
+            if report.kernels > self.limits.restarts:
+                stopped_at = next((i for i in code_cells if i not in faulty and i > max(faulty)), None)
+                stop_reason = f"not run: the notebook stopped its kernel {len(faulty)} times"
+                break
+        if stopped_at is not None:
+            for index in code_cells:
+                if index >= stopped_at and index not in faulty:
+                    self.nb.cells[index].outputs = [error_output("NotRun", stop_reason)]
+                    report.faults.append(Fault(index, "not-run", stop_reason))
+        report.stray_processes += self._swept
+        report.cell_cpu_seconds = self._cell_cpu
+        for index in sorted(self._cut):
+            report.truncated.append(index)
+            note = (f"... output cut: this cell output more than {self.limits.output_mb:g} MB; "
+                    "the rest is not kept ...\n")
+            self.nb.cells[index].outputs.append(new_output("stream", name="stdout", text=note))
+        return report

@@ -1,0 +1,320 @@
+"""Grade one submission notebook: the unit of work, and the worker that does it.
+
+``grade_submission(job) -> Result`` is pure in the sense that matters: it reads
+only the ``Job`` (the submission's bytes and a snapshot of everything the
+grader knows about its assignment) and returns a picklable ``Result`` (the
+graded notebook and what happened); it writes nothing but sandbox scratch
+files. The single writer (``writer.Writer``) turns results into gradebook
+rows, feedback and reports, so workers may run anywhere (a process pool here;
+Dask later) without ever touching the gradebook.
+
+A worker process keeps a warm sandbox (``sandbox.Zygote``) and one
+``judge.Judge`` per assignment for its whole life.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_output
+
+from .sandbox import Limits, Zygote, kernel_environment
+from .tamper import GradebookView, inspect, sanitize
+from .verdict import mistake_of
+
+
+@dataclass
+class AssignmentSpec:
+    """All the grader needs to know about one notebook of an assignment (a snapshot)."""
+
+    assignment: str
+    notebook: str
+    view: GradebookView                   # the gradebook's source cells
+    released: str                         # the released student notebook (JSON)
+    reference_cells: list                 # (grade_id, source) from solutions/, for the judge only
+    expected: dict                        # grade cell id -> [(assignment, exercise)]
+    files: dict = field(default_factory=dict)  # other released files: relative path -> hex
+    kernel_arguments: list = field(default_factory=list)
+    fingerprint: str = ""                 # changes when anything that affects grading changes
+
+
+@dataclass
+class Job:
+    student: str
+    assignment: str
+    notebook: str
+    data: bytes | None          # the submitted file, None when there is none
+    source_name: str            # where it came from, for messages
+    digest: str                 # of the submitted bytes (and timestamp)
+    spec: AssignmentSpec
+    limits: Limits
+    timestamp: str | None = None
+    notes: list = field(default_factory=list)   # from collection (e.g. renamed file)
+    flags: list = field(default_factory=list)
+
+
+@dataclass
+class CheckRecord:
+    cell: str
+    exercise: str
+    passed: bool
+    message: str | None
+    mistake: str | None
+    mistake_name: str | None = None
+
+
+@dataclass
+class Result:
+    student: str
+    assignment: str
+    notebook: str
+    digest: str
+    fingerprint: str
+    graded: bool                      # False: rejected (bad input), graded as an empty submission
+    notebook_json: str                # the autograded notebook
+    messages: list = field(default_factory=list)   # for the instructor
+    flags: list = field(default_factory=list)
+    checks: list = field(default_factory=list)     # CheckRecord
+    scores: dict = field(default_factory=dict)     # grade id -> [score, max] (the gradebook decides)
+    cell_seconds: float = 0.0
+    cell_cpu_seconds: float = 0.0
+    kernel_seconds: float = 0.0
+    seconds: float = 0.0
+    kernels: int = 0
+    faults: list = field(default_factory=list)
+    timestamp: str | None = None
+    worker: str = ""
+
+
+REVIEW_FLAGS = {"graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
+                "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name"}
+
+
+# ---------------------------------------------------------------- reading the file
+
+class Rejected(Exception):
+    """The submission cannot be graded; the message says why, for the instructor and the student."""
+
+
+def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The notebook in ``data`` (nbformat 4), with notes; or ``Rejected``."""
+    if data is None:
+        raise Rejected(f"no {spec.notebook}.ipynb was submitted")
+    if not data.strip():
+        raise Rejected(f"{name} is empty")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Rejected(f"{name} is not a notebook (not UTF-8 text)") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise Rejected(f"{name} is not valid JSON ({error.msg} at line {error.lineno}); "
+                       "was it saved completely?") from None
+    if not isinstance(raw, dict) or "nbformat" not in raw:
+        raise Rejected(f"{name} is JSON but not a Jupyter notebook")
+    notes = []
+    version = raw.get("nbformat")
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception as error:
+        raise Rejected(f"{name} is a notebook that cannot be read (nbformat {version}: {error})") from None
+    if version != 4:
+        notes.append(f"{name} was in notebook format {version}; converted to format 4 and graded")
+    ours = {c.name for c in spec.view.notebook.source_cells}
+    present = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    if not ours & present:
+        raise Rejected(f"{name} is not the {spec.notebook} notebook: none of its exercise or check cells are in it")
+    return nb, notes
+
+
+def error_output(ename: str, evalue: str):
+    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
+
+
+def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNode:
+    """The released notebook, marked as not graded, every check failing with ``message``."""
+    nb = nbformat.reads(spec.released, as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell(f"**This submission could not be graded:** {message}."))
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            if cell.metadata.get("nbgrader", {}).get("grade"):
+                cell.outputs = [error_output("NotGraded", f"This submission could not be graded: {message}.")]
+    return nb
+
+
+# ---------------------------------------------------------------- verdicts into outputs
+
+def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
+    """Make each grade cell's outputs agree with the grader's own record of its checks.
+
+    A check that failed, did not finish or never reported gets its error output
+    (if the notebook swallowed it), so nbgrader's scoring gives the cell no
+    points. Returns (CheckRecords, flags).
+    """
+    records, flags = [], []
+    faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "memory", "not-run")}
+    for index, cell in enumerate(nb.cells):
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id") if cell.metadata.get("nbgrader", {}).get("grade") else None
+        if gid not in expected:
+            continue
+        verdicts = {v.exercise: v for v in server.cell_verdicts(gid)}
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        for assignment, exercise in expected[gid]:
+            verdict = verdicts.get(exercise)
+            if verdict is None:
+                message = f"The hidden checks of `{exercise}` did not run."
+                if index not in faulty:
+                    message += (" The notebook stopped them (it replaced or broke the grading helpers), "
+                                "so they give no points; it is flagged for review. [mistake:tampering]")
+                    flags.append("hidden-checks-missing")
+            elif not verdict.finished:
+                message = f"The hidden checks of `{exercise}` did not finish (the cell was stopped)."
+            else:
+                message = verdict.message
+            if verdict is not None and verdict.tampered:
+                flags.append("patched-functions")
+            if message and mistake_of(message) == "tampering" and verdict is not None:
+                flags.append("patched-functions")
+            if message and not any(o.get("evalue") == message for o in errors):
+                cell.outputs.append(error_output("CheckFailed", message))
+            mistake = mistake_of(message)
+            judge = server.judges.get(assignment)
+            records.append(CheckRecord(gid, exercise, message is None, message, mistake,
+                                       judge.mistake_name(exercise, mistake) if judge and mistake else None))
+    return records, flags
+
+
+def scores_of(nb) -> dict:
+    from nbgrader.utils import determine_grade, is_grade
+
+    found = {}
+    for cell in nb.cells:
+        if is_grade(cell):
+            score, maximum = determine_grade(cell)
+            found[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
+    return found
+
+
+# ---------------------------------------------------------------- the unit of work
+
+def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
+    """Grade ``job`` in ``zygote``'s sandbox; never raises for anything the submission does."""
+    from nbgrader.preprocessors import IgnorePattern, LimitOutput
+
+    from . import judge as judging
+    from .execute import ContainedExecute
+
+    started = time.monotonic()
+    spec = job.spec
+    result = Result(job.student, job.assignment, job.notebook, job.digest, spec.fingerprint, True, "",
+                    messages=list(job.notes), flags=list(job.flags), timestamp=job.timestamp,
+                    worker=f"w{zygote.slot}")
+    resources = {"nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook,
+                              "db_url": None}}
+    try:
+        nb, notes = read_submission(job.data, job.source_name, spec)
+        result.messages += notes
+        released = nbformat.reads(spec.released, as_version=4)
+        found = inspect(nb, released, spec.view)
+        result.flags += found.flags
+        result.messages += found.details
+        try:
+            nb, resources = sanitize(nb, spec.view, resources)
+        except Exception as error:
+            raise Rejected(f"{job.source_name}'s grading metadata is damaged beyond repair ({error})") from None
+    except Rejected as rejection:
+        nb = rejected_notebook(spec, str(rejection))
+        result.graded = False
+        result.flags.append("not-graded")
+        if not any(str(rejection) in message for message in result.messages):
+            result.messages.append(str(rejection))
+        result.notebook_json = nbformat.writes(nb)
+        result.scores = scores_of(nb)
+        result.seconds = time.monotonic() - started
+        return result
+
+    key = (spec.assignment, spec.fingerprint)
+    if key not in judges:
+        judges[key] = judging.Judge(spec.assignment, spec.reference_cells)
+    socket_path = str(zygote.run_dir / "verdicts.sock")
+    server = judging.VerdictServer(socket_path, {spec.assignment: judges[key]}, spec.expected)
+    try:
+        executor = ContainedExecute(
+            zygote, job.limits, str(zygote.work_dir(job.assignment)), kernel_environment(socket_path),
+            list(spec.kernel_arguments), spec.files, server=server)
+        execution = executor.run(nb)
+        records, flags = apply_verdicts(nb, server, spec.expected, execution)
+    finally:
+        server.close()
+        if not zygote.sandboxed:
+            import shutil
+
+            shutil.rmtree(zygote.work_dir(job.assignment), ignore_errors=True)
+    nb, resources = IgnorePattern().preprocess(nb, resources)
+    nb, resources = LimitOutput().preprocess(nb, resources)
+    result.checks = records
+    result.flags += [f for f in dict.fromkeys(flags) if f not in result.flags]
+    if execution.faults:
+        kinds = sorted({f.kind for f in execution.faults})
+        result.flags += [f"fault:{k}" for k in kinds if f"fault:{k}" not in result.flags]
+        result.messages += [f"cell {f.cell}: {f.kind}: {f.message}" for f in execution.faults]
+    if execution.truncated:
+        result.flags.append("output-truncated")
+    if execution.stray_processes:
+        result.messages.append(f"killed {execution.stray_processes} processes the notebook left running")
+    result.faults = [f.__dict__ for f in execution.faults]
+    result.cell_seconds = execution.cell_seconds
+    result.cell_cpu_seconds = execution.cell_cpu_seconds
+    result.kernel_seconds = execution.kernel_seconds
+    result.kernels = execution.kernels
+    result.notebook_json = nbformat.writes(nb)
+    result.scores = scores_of(nb)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+# ---------------------------------------------------------------- the worker process
+
+_worker: dict = {}
+PR_SET_PDEATHSIG = 1
+
+
+def worker_init(slots, course_root: str, limits: Limits, sandboxed: bool, base_dir: str) -> None:
+    """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    slot = slots.get()
+    zygote = Zygote(slot, Path(course_root), limits, sandboxed=sandboxed, base_dir=Path(base_dir))
+    zygote.launch()  # the sandbox imports torch while this process does the same
+    import atexit
+
+    atexit.register(zygote.close)  # and wait for it: its CPU time is then counted as ours
+    from . import execute, judge  # noqa: F401
+    _worker.update(zygote=zygote, judges={})
+    zygote.wait_ready()
+    if os.environ.get("AUTOGRADER_TRACE"):
+        import sys
+
+        print(f"[worker {slot}] warm", file=sys.stderr, flush=True)
+
+
+def grade_in_worker(job: Job) -> Result:
+    zygote: Zygote = _worker["zygote"]
+    zygote.limits = job.limits
+    zygote.ensure()
+    return grade_submission(job, zygote, _worker["judges"])
+
+
+def worker_pid() -> int:
+    return os.getpid()

@@ -1,0 +1,229 @@
+"""The grades CSV, the class report and the summary the grading command prints.
+
+All three read the gradebook for points (so they agree with it by
+construction) and the grading ledger for what the grader found: flags,
+faults, the misconception behind each failed check.
+
+- CSV: one row per student, assignment and exercise: points, max points, the
+  submission's flags and the catalogued mistake, if any;
+- report (one HTML file, plots inline): score distribution per assignment, pass
+  rate per exercise, the most common misconceptions with their counts, the
+  submissions flagged for review and those that could not be graded.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import statistics
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+REVIEW = ("graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
+          "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name")
+
+
+@dataclass
+class Row:
+    student: str
+    assignment: str
+    notebook: str
+    exercise: str
+    cell: str
+    points: float
+    max_points: float
+    flags: list
+    mistake: str | None
+
+
+def exercise_name(cell: str) -> str:
+    return cell[len("test_"):] if cell.startswith("test_") else cell
+
+
+def gradebook_rows(course, summaries: dict) -> list[Row]:
+    from nbgrader.api import Gradebook
+
+    rows = []
+    with Gradebook(course.db_url) as gradebook:
+        for assignment in sorted(gradebook.assignments, key=lambda a: a.name):
+            for submission in sorted(assignment.submissions, key=lambda s: s.student.id):
+                for notebook in sorted(submission.notebooks, key=lambda n: n.name):
+                    summary = summaries.get((submission.student.id, assignment.name, notebook.name), {})
+                    mistakes = {c["cell"]: c.get("mistake") for c in summary.get("checks", []) if not c.get("passed")}
+                    for grade in sorted(notebook.grades, key=lambda g: g.name):
+                        rows.append(Row(submission.student.id, assignment.name, notebook.name,
+                                        exercise_name(grade.name), grade.name,
+                                        float(grade.score or 0.0), float(grade.max_score),
+                                        list(summary.get("flags", [])), mistakes.get(grade.name)))
+    return rows
+
+
+def export_csv(course, ledger, path: Path) -> list[Row]:
+    rows = gradebook_rows(course, ledger.summaries())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.StringIO()
+    out = csv.writer(buffer)
+    out.writerow(["student", "assignment", "exercise", "points", "max_points", "flags", "mistake"])
+    for row in rows:
+        out.writerow([row.student, row.assignment, row.exercise, f"{row.points:g}", f"{row.max_points:g}",
+                      ";".join(row.flags), row.mistake or ""])
+    from .writer import write_atomically
+
+    write_atomically(path, buffer.getvalue())
+    return rows
+
+
+# ---------------------------------------------------------------- report
+
+def _png(figure) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return '<img alt="" src="data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode() + '">'
+
+
+def _mistake_names(summaries: dict) -> dict:
+    """Mistake id -> the name students read, as the graders recorded it."""
+    names = {}
+    for summary in summaries.values():
+        for check in summary.get("checks", []):
+            if check.get("mistake") and check.get("mistake_name"):
+                names.setdefault(check["mistake"], check["mistake_name"])
+    return names
+
+
+def _table(header, body) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def write_report(course, ledger, rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summaries = ledger.summaries()
+    names = _mistake_names(summaries)
+    by_assignment: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_assignment[row.assignment].append(row)
+    parts = [f"<h1>Class report: {html.escape(course.coursedir.course_id or 'course')}</h1>",
+             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M')} from the gradebook "
+             f"<code>{html.escape(str(course.db_url).split('@')[-1])}</code>.</p>"]
+    for assignment, assignment_rows in sorted(by_assignment.items()):
+        totals: dict[str, float] = defaultdict(float)
+        maximum = defaultdict(float)
+        for row in assignment_rows:
+            totals[row.student] += row.points
+            maximum[row.student] += row.max_points
+        top = max(maximum.values()) if maximum else 0
+        scores = list(totals.values())
+        parts.append(f"<h2>{html.escape(assignment)}</h2>")
+        parts.append("<h3>Score distribution and pass rate per exercise</h3>")
+        parts.append(f"<p>{len(scores)} submissions; mean {statistics.fmean(scores):.2f} / {top:g}, "
+                     f"median {statistics.median(scores):.2f}.</p>" if scores else "<p>No submissions.</p>")
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)
+        left.hist(scores, bins=min(20, max(5, int(top) + 1)), range=(0, max(top, 1)), color="#4c72b0")
+        left.set_title("score distribution")
+        left.set_xlabel("points")
+        left.set_ylabel("students")
+        cells = sorted({r.cell for r in assignment_rows}, key=lambda c: [r.cell for r in assignment_rows].index(c))
+        rates = []
+        for cell in cells:
+            these = [r for r in assignment_rows if r.cell == cell]
+            rates.append(sum(r.points >= r.max_points for r in these) / len(these))
+        right.barh([exercise_name(c) for c in cells][::-1], rates[::-1], color="#55a868")
+        right.set_xlim(0, 1)
+        right.set_title("pass rate per exercise")
+        right.set_xlabel("share of submissions with full points")
+        parts.append(_png(figure))
+    mistakes = Counter()
+    for row in rows:
+        if row.mistake and row.mistake != "tampering":  # that one is a flag, not a misconception
+            mistakes[(row.mistake, row.assignment, row.exercise)] += 1
+    parts.append("<h2>Most common misconceptions</h2>")
+    if mistakes:
+        common = mistakes.most_common(15)
+        figure, axis = plt.subplots(figsize=(8, 0.35 * len(common) + 1), constrained_layout=True)
+        axis.barh([f"{m} ({e})" for (m, _, e), _ in common][::-1], [n for _, n in common][::-1], color="#c44e52")
+        axis.set_xlabel("submissions")
+        parts.append(_png(figure))
+        parts.append(_table(["count", "misconception", "id", "assignment", "exercise"],
+                            [(n, names.get(m, m), m, a, e) for (m, a, e), n in common]))
+    else:
+        parts.append("<p>None recorded.</p>")
+    flagged, faults, rejected = [], [], []
+    for (student, assignment, notebook), summary in sorted(summaries.items()):
+        review = [f for f in summary.get("flags", []) if f in REVIEW]
+        if review:
+            flagged.append((student, assignment, ", ".join(review), "; ".join(summary.get("messages", []))[:600]))
+        fault = [f for f in summary.get("flags", []) if f.startswith("fault:") or f == "output-truncated"]
+        if fault:
+            faults.append((student, assignment, ", ".join(fault), "; ".join(
+                m for m in summary.get("messages", []) if m.startswith("cell "))[:600]))
+        if not summary.get("graded", True):
+            rejected.append((student, assignment, "; ".join(summary.get("messages", []))[:600]))
+    parts.append(f"<h2>Flagged for review ({len(flagged)})</h2>")
+    parts.append(_table(["student", "assignment", "flags", "details"], flagged) if flagged else "<p>None.</p>")
+    parts.append(f"<h2>Could not be graded ({len(rejected)})</h2>")
+    parts.append(_table(["student", "assignment", "why"], rejected) if rejected else "<p>None.</p>")
+    parts.append(f"<h2>Cells that hung, crashed or printed too much ({len(faults)})</h2>")
+    parts.append(_table(["student", "assignment", "what", "where"], faults) if faults else "<p>None.</p>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+             "text-align:left;vertical-align:top;font-size:90%}th{background:#f3f3f3}img{max-width:100%}")
+    document = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Class report</title>"
+                f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    from .writer import write_atomically
+
+    write_atomically(path, document)
+
+
+# ---------------------------------------------------------------- summary
+
+def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, skipped: int, problems: list,
+            seconds: float, csv_path: Path, report_path: Path) -> str:
+    lines = []
+    rejected = sum(1 for r in graded_now if not r.graded)
+    lines.append(f"Graded {len(graded_now)} notebook(s) in {seconds:.1f} s"
+                 + (f" (their cells ran {sum(r.cell_seconds for r in graded_now):.1f} s in all)" if graded_now else "")
+                 + f"; {skipped} unchanged; {rejected} could not be graded.")
+    by_assignment: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        by_assignment[row.assignment].append(row)
+    lines.append(f"{'assignment':<20}{'students':>9}{'mean':>8}{'max':>6}{'flagged':>9}{'faults':>8}")
+    for assignment, assignment_rows in sorted(by_assignment.items()):
+        totals: dict[str, float] = defaultdict(float)
+        top = defaultdict(float)
+        for row in assignment_rows:
+            totals[row.student] += row.points
+            top[row.student] += row.max_points
+        flagged = sum(1 for (s, a, _), x in ledger_summaries.items() if a == assignment and
+                      any(f in REVIEW for f in x.get("flags", [])))
+        faulty = sum(1 for (s, a, _), x in ledger_summaries.items() if a == assignment and
+                     any(f.startswith("fault:") for f in x.get("flags", [])))
+        lines.append(f"{assignment:<20}{len(totals):>9}{statistics.fmean(totals.values()):>8.2f}"
+                     f"{max(top.values()):>6g}{flagged:>9}{faulty:>8}")
+    mistakes = Counter(row.mistake for row in rows if row.mistake and row.mistake != "tampering")
+    if mistakes:
+        lines.append("Most common misconceptions: " + ", ".join(f"{m} ({n})" for m, n in mistakes.most_common(5)))
+    flagged = [(s, a, [f for f in x.get("flags", []) if f in REVIEW]) for (s, a, _), x in sorted(ledger_summaries.items())]
+    flagged = [f for f in flagged if f[2]]
+    if flagged:
+        shown = "; ".join(f"{s}/{a}: {', '.join(f)}" for s, a, f in flagged[:6])
+        lines.append(f"Flagged for review ({len(flagged)}): {shown}" + (" ..." if len(flagged) > 6 else ""))
+    for problem in problems[:8]:
+        lines.append(f"! {problem}")
+    if len(problems) > 8:
+        lines.append(f"! ... and {len(problems) - 8} more")
+    lines.append(f"Grades: {csv_path}")
+    lines.append(f"Report: {report_path}")
+    lines.append(f"Feedback: {Path(course.coursedir.root) / course.coursedir.feedback_directory}/<student>/<assignment>/")
+    return "\n".join(lines)

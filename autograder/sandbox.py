@@ -1,0 +1,377 @@
+"""Where student notebooks run: Debian's bubblewrap, resource limits, a warm interpreter.
+
+The trusted side of the sandbox. Each grading worker starts one ``Zygote``: a
+bubblewrap sandbox around ``python -m autograder.zygote``, an interpreter that
+has imported torch and the kernel machinery once and forks a fresh kernel for
+every notebook. The sandbox has
+
+- no network (its own network namespace, only a loopback device);
+- a read-only system: /usr, the Python installation and the virtual
+  environment, the course's own Python packages (``autograder`` as source files
+  only, the widgets), ``assets/``; nothing else of the course, so no
+  ``solutions/``, no gradebook, no submissions or feedback;
+- a private /tmp and notebook working folder (size-limited tmpfs), emptied
+  before every notebook, and the worker's socket folder, read-only once the
+  kernel is up;
+- its own process namespace, and (when run as root) its own unprivileged
+  user per worker, so the process-count limit of one notebook never reaches
+  another worker;
+- per-kernel limits (``Limits``): address space, CPU time, file size, process
+  count; wall-clock limits per cell and per notebook are the executor's job.
+
+``execute.SandboxKernelManager`` makes such a forked kernel look like any
+Jupyter kernel to nbclient. ``probe()`` says why the sandbox cannot start here, if it
+cannot; the grader then refuses to run unless told to grade unsandboxed, in
+which case the same zygote runs as a plain process (limits, but no isolation).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
+# Imported once per worker, before any notebook: what every graded kernel needs.
+PRELOAD = [
+    "numpy", "torch", "torch.nn", "torch.nn.functional",
+    "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell",
+    # what starting a kernel app imports on its way (measured: 0.6 s when left to each kernel)
+    "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib", "IPython.core.oinspect",
+    "IPython.extensions.storemagic", "IPython.core.logger", "sqlite3", "faulthandler", "http.server", "xmlrpc.server",
+    "tornado.platform.asyncio", "tornado.queues", "encodings.idna",
+    "matplotlib", "matplotlib.pyplot", "matplotlib_inline.backend_inline",
+    "ipywidgets", "ipympl.backend_nbagg",
+    "autograder.trusted", "autograder.checks", "autograder.verdict",
+]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one notebook may use. Memory is beyond the warm interpreter's own."""
+
+    cell_seconds: float = 30.0       # wall clock per cell (nbgrader's Execute.timeout)
+    notebook_seconds: float = 600.0  # wall clock for the whole notebook, replays included
+    memory_mb: int = 2048            # address space a kernel may add
+    cpu_seconds: int = 900           # CPU time of a kernel process
+    processes: int = 96              # processes and threads of the sandbox's user
+    file_mb: int = 64                # largest file a notebook may write
+    scratch_mb: int = 512            # private /tmp and working folder, each
+    output_mb: float = 2.0           # printed output kept per cell
+    restarts: int = 4                # fresh kernels per notebook after hangs and crashes
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot start on this machine; the message says why."""
+
+
+def _bwrap() -> str | None:
+    return shutil.which("bwrap")
+
+
+def _python_roots() -> list[Path]:
+    """Folders the interpreter and its packages live in (read-only in the sandbox)."""
+    roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
+             Path(os.path.realpath(sys.executable)).parent.parent}
+    for entry in sys.path:
+        path = Path(entry or ".").resolve()
+        if path.is_dir() and ("site-packages" in path.parts or "dist-packages" in path.parts):
+            roots.add(path)
+    kept = []
+    for root in sorted(roots, key=lambda p: len(p.parts)):
+        if root.exists() and not any(root.is_relative_to(k) for k in kept) and root != Path("/"):
+            kept.append(root)
+    return [r for r in kept if not r.is_relative_to(Path("/usr"))]
+
+
+def _package_files() -> list[Path]:
+    """The ``autograder`` package as source files only (its folder is also nbgrader's
+    course root, with the gradebook and the submissions, which must stay outside)."""
+    files = []
+    stack = [PACKAGE]
+    while stack:
+        folder = stack.pop()
+        for entry in sorted(folder.iterdir()):
+            if entry.is_dir() and (entry / "__init__.py").is_file():
+                stack.append(entry)
+            elif entry.suffix == ".py" and entry.is_file():
+                files.append(entry)
+    return files
+
+
+def _widgets_folder() -> Path | None:
+    spec = importlib.util.find_spec("course_widgets")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
+
+
+def _etc_files() -> list[Path]:
+    names = ["ld.so.cache", "ld.so.conf", "localtime", "nsswitch.conf", "passwd", "group", "hosts", "fonts"]
+    return [Path("/etc") / n for n in names if (Path("/etc") / n).exists()]
+
+
+def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits: Limits, command: list[str],
+                  as_root: bool) -> list[str]:
+    """The bubblewrap command line around ``command``."""
+    args = [_bwrap() or "bwrap", "--die-with-parent", "--new-session",
+            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", "grading"]
+    if as_root:
+        # No user namespace: the zygote drops to its own uid itself, which needs these two.
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        args += ["--unshare-user"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib64", "lib32", "libx32"):
+        path = Path("/") / name
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), str(path)]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), str(path)]
+    binds: list[tuple[str, Path, Path]] = []
+    for path in _etc_files():
+        binds.append(("--ro-bind", path, path))
+    for root in _python_roots():
+        binds.append(("--ro-bind", root, root))
+    for path in _package_files():
+        binds.append(("--ro-bind", path, path))
+    widgets = _widgets_folder()
+    if widgets is not None:
+        binds.append(("--ro-bind", widgets, widgets))
+    assets = course_root / "assets"
+    if assets.is_dir():
+        binds.append(("--ro-bind", assets, assets))
+    # Folders bwrap creates on its way to a mount point are root-only by default.
+    folders = sorted({parent for _, _, dest in binds for parent in dest.parents}
+                     | set(notebooks_dir.parents) | set(run_dir.parents), key=lambda p: len(p.parts))
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    scratch = str(limits.scratch_mb * 1024 * 1024)
+    args += ["--perms", "1777", "--size", scratch, "--tmpfs", "/tmp"]
+    for folder in folders:
+        if str(folder) in ("/", "/usr", "/tmp", "/etc", "/proc", "/dev") or folder.is_relative_to("/usr"):
+            continue
+        if folder == Path("/tmp") or folder.is_relative_to("/proc"):
+            continue
+        args += ["--perms", "0755", "--dir", str(folder)]
+    for kind, source, dest in binds:
+        args += [kind, str(source), str(dest)]
+    args += ["--perms", "1777", "--size", scratch, "--tmpfs", str(notebooks_dir)]
+    args += ["--bind", str(run_dir), str(run_dir)]
+    args += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
+             "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+             "--chdir", "/tmp", "--", *command]
+    return args
+
+
+def kernel_environment(socket_path: str | None) -> dict:
+    """The environment of every graded kernel."""
+    env = {
+        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/home", "TMPDIR": "/tmp",
+        "IPYTHONDIR": "/tmp/home/.ipython", "MPLCONFIGDIR": "/tmp/home/.matplotlib",
+        "JUPYTER_RUNTIME_DIR": "/tmp/home/.jupyter", "JUPYTER_PLATFORM_DIRS": "1",
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        "NBGRADER_EXECUTION": "autograde", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    }
+    if socket_path:
+        env["AUTOGRADER_VERDICTS"] = socket_path
+    return env
+
+
+class Zygote:
+    """One worker's warm interpreter, in its sandbox (or not, when unsandboxed)."""
+
+    def __init__(self, slot: int, course_root: Path, limits: Limits, sandboxed: bool = True,
+                 base_dir: Path | None = None):
+        self.slot = slot
+        self.course_root = Path(course_root).resolve()
+        self.limits = limits
+        self.sandboxed = sandboxed
+        self.as_root = os.geteuid() == 0
+        self.uid = SANDBOX_UID + slot if self.as_root else None
+        base = Path(base_dir or tempfile.mkdtemp(prefix="ag-"))
+        self.base = base
+        self.run_dir = base / f"w{slot}"
+        self.notebooks_dir = self.course_root / "notebooks"
+        self.process: subprocess.Popen | None = None
+        self.info: dict = {}
+        self.starts = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def _config(self) -> dict:
+        processes = self.limits.processes
+        if self.sandboxed and not self.as_root:
+            # Our own uid counts every process we already run; leave the notebook its allowance on top.
+            processes += _processes_of(os.getuid())
+        env = kernel_environment(None)
+        env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        return {
+            "uid": self.uid if self.sandboxed else None,
+            "gid": self.uid if self.sandboxed else None,
+            "processes": processes if self.sandboxed else None,
+            "preload": PRELOAD,
+            "env": env,
+            "pid_namespace": self.sandboxed,
+            "wipe": ["/tmp", str(self.notebooks_dir)] if self.sandboxed else [],
+            "keep": [str(self.base)],
+        }
+
+    def work_dir(self, assignment: str) -> Path:
+        """The notebook's working folder: where the released notebook would sit, in the
+        sandbox's private tmpfs (so relative paths such as ../../assets work); a scratch
+        folder when unsandboxed."""
+        if self.sandboxed:
+            return self.notebooks_dir / assignment
+        return self.run_dir / "work" / assignment
+
+    def command(self) -> list[str]:
+        inner = [sys.executable, "-s", "-m", "autograder.zygote", json.dumps(self._config())]
+        if not self.sandboxed:
+            return inner
+        return bwrap_command(self.course_root, self.run_dir, self.notebooks_dir, self.limits, inner, self.as_root)
+
+    def own(self, path: Path, writable: bool = True) -> None:
+        """Let the sandbox's user write ``path`` (or take that right back).
+
+        Only as root can the right be taken back: otherwise the notebook runs
+        as our own user and could give it back to itself.
+        """
+        if self.as_root and self.uid is not None and self.sandboxed:
+            os.chown(path, self.uid if writable else 0, self.uid if writable else 0)
+            os.chmod(path, 0o755 if writable else 0o555)
+        else:
+            os.chmod(path, 0o755)
+
+    def start(self, timeout: float = 300.0) -> None:
+        self.launch()
+        self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the sandbox; it warms up while the caller does other work (``wait_ready``)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base, 0o755)
+        self.own(self.run_dir, writable=False)
+        log = open(self.base / f"w{self.slot}.log", "ab")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"} if not self.sandboxed else None
+        self.process = subprocess.Popen(
+            self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
+            cwd=str(self.run_dir), start_new_session=True)
+        log.close()
+        self.starts += 1
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        line = self._read(timeout)
+        if not line:
+            self.close()
+            raise SandboxUnavailable(f"the grading sandbox did not start: {self.log_tail()}")
+        self.info = json.loads(line)
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            text = (self.base / f"w{self.slot}.log").read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
+
+    def _read(self, timeout: float) -> str:
+        assert self.process is not None and self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            return ""
+        return self.process.stdout.readline().decode("utf-8")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ensure(self) -> None:
+        """Start, or restart after a notebook killed us."""
+        if not self.alive():
+            self.close()
+            self.start()
+
+    def close(self) -> None:
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            for stream in (self.process.stdin, self.process.stdout):
+                try:
+                    stream.close()
+                except Exception:
+                    pass
+            self.process = None
+
+    def remove(self) -> None:
+        self.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------ requests
+    def request(self, op: str, timeout: float = 60.0, **fields) -> dict:
+        if not self.alive():
+            raise ZygoteGone("the sandbox's interpreter is gone")
+        assert self.process is not None and self.process.stdin is not None
+        try:
+            self.process.stdin.write((json.dumps({"op": op, **fields}) + "\n").encode("utf-8"))
+            self.process.stdin.flush()
+        except OSError as error:
+            raise ZygoteGone(f"the sandbox's interpreter is gone ({error})") from None
+        line = self._read(timeout)
+        if not line:
+            raise ZygoteGone("the sandbox's interpreter did not answer")
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise RuntimeError(f"sandbox request {op} failed: {reply.get('error')}")
+        return reply
+
+
+class ZygoteGone(RuntimeError):
+    """The warm interpreter died (a notebook killed it): start it again."""
+
+
+def _processes_of(uid: int) -> int:
+    count = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    count += len(os.listdir(f"/proc/{name}/task"))
+            except OSError:
+                pass
+    return count
+
+
+def probe(course_root: Path) -> str | None:
+    """None when the sandbox works here, else why not (in words for the instructor)."""
+    if not sys.platform.startswith("linux"):
+        return "the sandbox needs Linux (bubblewrap)"
+    if _bwrap() is None:
+        return "bubblewrap is not installed (Debian/Ubuntu: sudo apt-get install bubblewrap)"
+    base = Path(tempfile.mkdtemp(prefix="ag-probe-"))
+    try:
+        run_dir = base / "w0"
+        run_dir.mkdir()
+        command = bwrap_command(Path(course_root).resolve(), run_dir, Path(course_root).resolve() / "notebooks",
+                                Limits(), [sys.executable, "-s", "-c", "import autograder.verdict"],
+                                os.geteuid() == 0)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            return f"bubblewrap cannot start a sandbox here: {detail[-1] if detail else result.returncode}"
+        return None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bubblewrap cannot start a sandbox here: {error}"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

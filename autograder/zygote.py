@@ -1,0 +1,340 @@
+"""The warm interpreter inside a grading sandbox: it forks one fresh kernel per notebook.
+
+Starting Python, importing torch and the kernel machinery costs seconds; a
+notebook's own cells often take less. This process pays that once per worker:
+it imports everything a graded kernel needs, then waits for requests from the
+trusted grader (``sandbox.Zygote``) on stdin, one JSON line each, and answers
+one JSON line on stdout:
+
+- ``spawn``: fork a child that becomes an IPython kernel for one notebook, with
+  its own session, working folder, environment and resource limits;
+- ``poll`` / ``signal``: is that kernel alive, signal it; ``interrupt``: freeze
+  it, kill whatever it started, then deliver the KeyboardInterrupt;
+- ``sweep``: kill every process in the sandbox but this one and the kernel
+  (what a forking cell left behind), and say how much memory the kernel has
+  left; ``reset``: kill them all, kernel included,
+  and wipe the private temporary and working folders, ready for the next notebook.
+
+It never runs student code itself (only its forked children do), imports
+nothing from the course's widgets, and sees no solutions: it runs inside
+bubblewrap (``sandbox.bwrap_command``) where those paths do not exist.
+Run as ``python -m autograder.zygote CONFIG_JSON``.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+import time
+
+PR_SET_DUMPABLE = 4
+
+
+def _prctl(option: int, value: int) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except Exception:
+        pass
+
+
+def _drop_privileges(uid: int | None, gid: int | None) -> None:
+    """As root inside bwrap: become the worker's own unprivileged user.
+
+    Each grading worker has its own uid, so the process-count limit of one
+    notebook (a fork bomb) never touches another worker's notebooks. Changing
+    uid clears every capability bwrap left us (CAP_SETUID, CAP_SETGID).
+    """
+    if uid is None or os.getuid() != 0:
+        return
+    os.setgroups([])
+    os.setgid(gid if gid is not None else uid)
+    os.setuid(uid)
+
+
+def _warm_up(modules: list[str]) -> dict:
+    """Import what every graded kernel needs, once; (module: seconds)."""
+    timings = {}
+    for name in modules:
+        start = time.perf_counter()
+        try:
+            __import__(name)
+        except Exception as error:  # a missing optional module only costs speed
+            timings[name] = f"failed: {error}"
+            continue
+        timings[name] = round(time.perf_counter() - start, 3)
+    return timings
+
+
+def _wipe(folder: str, keep=()) -> None:
+    """Empty ``folder`` (files a notebook left, whatever their permissions), but
+    not the paths in ``keep`` and their parents (the grader's socket folder)."""
+    if not os.path.isdir(folder):
+        return
+
+    def unlock(function, path, _info):
+        try:
+            os.chmod(os.path.dirname(path), 0o700)
+            os.chmod(path, 0o700)
+            function(path)
+        except OSError:
+            pass
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if any(k == path or k.startswith(path + os.sep) for k in keep):
+            if os.path.isdir(path) and not os.path.islink(path) and not any(k == path for k in keep):
+                _wipe(path, keep)
+            continue
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, onerror=unlock)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+class Zygote:
+    def __init__(self, config: dict):
+        self.config = config
+        self.children: dict[int, int | None] = {}  # kernel pid -> exit status (None while alive)
+
+    # ------------------------------------------------------------ processes
+    def _others(self, keep: set[int]) -> list[int]:
+        """Pids of every process we can see except ``keep``, ourselves and pid 1 (bwrap's init)."""
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                pid = int(name)
+                if pid not in keep and pid != os.getpid() and pid != 1:
+                    found.append(pid)
+        return found
+
+    def _kill_others(self, keep: set[int]) -> int:
+        """SIGKILL every process in the sandbox outside ``keep``; how many there were.
+
+        A fork bomb refills every slot its killed processes free, so killing
+        one by one never ends. Everything is stopped first (stopped processes
+        cannot fork, and with the process limit reached no new one can appear),
+        then killed. With nothing to keep, ``kill(-1)`` does it at once: the
+        kernel signals every process of our pid namespace we may signal, except
+        pid 1 and ourselves.
+        """
+        if not self.config.get("pid_namespace", True):
+            # Unsandboxed: /proc shows the whole machine; only our own children are ours.
+            killed = 0
+            for pid, status in list(self.children.items()):
+                if pid not in keep and status is None:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                        killed += 1
+                    except OSError:
+                        pass
+            self._reap()
+            return killed
+        stopped: set[int] = set()
+        for _ in range(1000):
+            victims = set(self._others(keep)) - stopped
+            if not victims:
+                break
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except OSError:
+                    pass
+            stopped |= victims
+        if not keep:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for _ in range(500):  # until pid 1 and we have reaped them all
+            self._reap()
+            if not self._others(keep):
+                break
+            time.sleep(0.002)
+        return len(stopped)
+
+    def _cpu(self, pid: int) -> float | None:
+        """CPU seconds (user + system) the kernel has used so far."""
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def _headroom(self, pid: int) -> float | None:
+        """MB the kernel may still map before its address-space limit (None if unknown)."""
+        try:
+            limit = resource.prlimit(pid, resource.RLIMIT_AS)[0]
+            with open(f"/proc/{pid}/status") as status:
+                size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+        except (OSError, StopIteration, ValueError):
+            return None
+        if limit == resource.RLIM_INFINITY:
+            return None
+        return (limit - size) / 2 ** 20
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.children:
+                self.children[pid] = status
+
+    def _spawn(self, request: dict) -> int:
+        cwd = request["cwd"]
+        os.makedirs(cwd, exist_ok=True)
+        for relative, text in request.get("files", {}).items():
+            path = os.path.join(cwd, relative)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as handle:
+                handle.write(bytes.fromhex(text))
+        pid = os.fork()
+        if pid:
+            self.children[pid] = None
+            return pid
+        try:
+            self._become_kernel(request)
+        except BaseException as error:  # never return into the zygote's loop
+            try:
+                sys.__stderr__.write(f"kernel start failed: {error!r}\n")
+            except Exception:
+                pass
+        os._exit(70)
+
+    def _become_kernel(self, request: dict) -> None:
+        """In the forked child: own session, limits, folder, environment; then ipykernel."""
+        os.setsid()
+        log = os.open(request.get("log", os.devnull), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 1 << 16)  # the zygote's control pipe among them
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        limits = request["limits"]
+        vm_kb = 0
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    vm_kb = int(line.split()[1])
+        # Address space: what the warm interpreter already maps, plus the
+        # notebook's allowance. Beyond it allocations fail (MemoryError) instead
+        # of waking the machine's out-of-memory killer.
+        address_space = vm_kb * 1024 + limits["memory_mb"] * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+        cpu = int(limits["cpu_seconds"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        file_bytes = limits["file_mb"] * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _prctl(PR_SET_DUMPABLE, 1)  # the zygote stays undumpable; the kernel need not be
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        for folder in ("HOME", "TMPDIR", "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR"):
+            if folder in os.environ:
+                os.makedirs(os.environ[folder], exist_ok=True)
+        from ipykernel.kernelapp import IPKernelApp
+
+        app = IPKernelApp.instance()
+        app.initialize(["-f", request["connection_file"], *request.get("arguments", [])])
+        app.start()
+        os._exit(0)
+
+    # ------------------------------------------------------------ requests
+    def handle(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "spawn":
+            return {"pid": self._spawn(request)}
+        if op == "poll":
+            self._reap()
+            pid = request["pid"]
+            status = self.children.get(pid, 0)
+            if status is None:
+                return {"alive": True}
+            code = os.waitstatus_to_exitcode(status) if status else 0
+            return {"alive": False, "exit": code}
+        if op == "signal":
+            try:
+                os.kill(request["pid"], request["signal"])
+            except OSError:
+                pass
+            return {}
+        if op == "sweep":
+            return {"killed": self._kill_others({request["pid"]}), "headroom_mb": self._headroom(request["pid"]),
+                    "cpu": self._cpu(request["pid"])}
+        if op == "interrupt":
+            # Freeze the kernel so it stops forking, kill everything it started,
+            # then let it go with a KeyboardInterrupt waiting for it.
+            pid = request["pid"]
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except OSError:
+                return {"killed": 0}
+            killed = self._kill_others({pid})
+            for sig in (signal.SIGINT, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            return {"killed": killed}
+        if op == "reset":
+            cpu = self._cpu(request["pid"]) if request.get("pid") else None
+            killed = self._kill_others(set())
+            self.children = {pid: s for pid, s in self.children.items() if s is None}
+            for folder in self.config.get("wipe", []):
+                _wipe(folder, self.config.get("keep", []))
+            return {"killed": killed, "cpu": cpu}
+        if op == "ping":
+            return {"pid": os.getpid()}
+        raise ValueError(f"unknown request {op!r}")
+
+    def serve(self) -> None:
+        control_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
+        control_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        for line in control_in:
+            try:
+                reply = {"ok": True, **self.handle(json.loads(line))}
+            except Exception as error:
+                reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            control_out.write(json.dumps(reply) + "\n")
+            control_out.flush()
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    _drop_privileges(config.get("uid"), config.get("gid"))
+    _prctl(PR_SET_DUMPABLE, 0)  # kernels of the same uid cannot ptrace or read our memory
+    limit = config.get("processes")
+    if limit:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(config.get("env", {}))
+    timings = _warm_up(config.get("preload", []))
+    ready = {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "imports": timings}
+    sys.stdout.write(json.dumps(ready) + "\n")
+    sys.stdout.flush()
+    Zygote(config).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The grading command's parts on their own: no sandbox, no kernels (fast)."""
+from __future__ import annotations
+
+import math
+import zipfile
+
+import nbformat
+import pytest
+import torch
+
+from autograder import verdict
+from autograder.collect import collect
+from autograder.tamper import suspicious_code
+
+
+# ---------------------------------------------------------------- the wire
+
+@pytest.mark.parametrize("value", [
+    torch.tensor([[1.0, 2.0], [3.0, float("nan")]]),
+    torch.arange(6, dtype=torch.int64).reshape(2, 3),
+    torch.tensor([True, False]),
+    torch.zeros(0, 4, dtype=torch.float64),
+    torch.tensor(2.5, dtype=torch.bfloat16),
+    (torch.ones(2), [1, 2.5, None, "x", True]),
+    float("inf"),
+])
+def test_outputs_cross_the_wire_unchanged(value):
+    back = verdict.decode(verdict.encode(value))
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+        if isinstance(a, (tuple, list)):
+            return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(a, float) and math.isinf(a):
+            return a == b
+        return a == b
+    assert same(value, back)
+
+
+def test_unknown_objects_cross_as_their_type_name_only():
+    class Sneaky:
+        def __reduce__(self):
+            raise AssertionError("never pickled")
+    back = verdict.decode(verdict.encode(Sneaky()))
+    assert type(back).__name__ == "Sneaky" and isinstance(back, verdict.Opaque)
+
+
+@pytest.mark.parametrize("data", [
+    {"tensor": "float32", "shape": [2], "data": "AAAA"},          # 3 bytes for 8
+    {"tensor": "object", "shape": [1], "data": ""},               # not a tensor dtype
+    {"tensor": "float32", "shape": [-1], "data": ""},
+    {"value": {"nested": "dict"}},
+    {"float": "1e999"},
+    {"sequence": "tuple", "items": "not a list"},
+    {"__reduce__": "os.system"},
+    "just a string",
+])
+def test_malformed_outputs_are_refused(data):
+    with pytest.raises(verdict.ProtocolError):
+        verdict.decode(data)
+
+
+def test_mistake_tags_and_check_calls_are_read_from_text():
+    assert verdict.mistake_of("`softmax`: wrong axis. Hint. [mistake:softmax-wrong-axis]") == "softmax-wrong-axis"
+    assert verdict.mistake_of("no tag here") is None
+    source = '### BEGIN HIDDEN TESTS\nfrom autograder.checks import check; check("01_attention", "softmax", globals())'
+    assert verdict.expected_checks(source) == [("01_attention", "softmax")]
+
+
+# ---------------------------------------------------------------- tamper flags
+
+@pytest.mark.parametrize("source, finding", [
+    ("import torch\ntorch.allclose = lambda *a, **k: True", "replaces torch.allclose"),
+    ("import numpy as np\nnp.testing.assert_allclose = print", "replaces numpy.testing.assert_allclose"),
+    ("import torch.nn.functional as F\nsetattr(F, 'softmax', None)", "calls setattr on torch.nn.functional"),
+    ("import builtins\nbuiltins.len = lambda x: 3", "replaces builtins.len"),
+    ("import autograder.checks as c\nc.check = print", "replaces autograder.checks.check"),
+    ("import sys\nsys.modules['autograder.checks'] = None", "replaces an entry of sys.modules"),
+    ("get_ipython().set_custom_exc((Exception,), print)", "installs a handler that hides errors (set_custom_exc)"),
+    ("%matplotlib widget\nimport ctypes", "imports ctypes"),
+])
+def test_suspicious_code_is_named(source, finding):
+    assert finding in suspicious_code([source])
+
+
+@pytest.mark.parametrize("source", [
+    "import torch\ntorch.manual_seed(0)\nx = torch.ones(3)\nx.data = torch.zeros(3)",
+    "import torch\ntorch.backends.cudnn.deterministic = True",
+    "import numpy as np\nnp.set_printoptions(precision=2)",
+    "def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)",
+    "%matplotlib widget\nfrom course_widgets.attention import AttentionHeatmap",
+])
+def test_honest_code_is_not_suspicious(source):
+    assert suspicious_code([source]) == []
+
+
+# ---------------------------------------------------------------- collection
+
+NOTEBOOKS = {"00_start_here": ["00_start_here"], "01_attention": ["01_attention"]}
+
+
+def notebook_bytes() -> bytes:
+    return nbformat.writes(nbformat.v4.new_notebook()).encode()
+
+
+def collector_config():
+    from traitlets.config import Config
+
+    from autograder.grade import Course
+    from autograder.reference import REPOSITORY
+
+    return Course(REPOSITORY).config if (REPOSITORY / "nbgrader_config.py").is_file() else Config()
+
+
+def test_a_zip_of_lms_style_names_is_filed_with_a_message_per_unusable_file(tmp_path):
+    archive = tmp_path / "download.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("alice_01_attention.ipynb", notebook_bytes())
+        out.writestr("bob_smith_attempt_2026-03-01-10-00-00_00_start_here.ipynb", notebook_bytes())
+        out.writestr("carol_01_attention (1).ipynb", notebook_bytes())
+        out.writestr("random notes.txt", b"hello")
+        out.writestr("nobody.ipynb", notebook_bytes())
+        out.writestr("dan_99_unknown.ipynb", notebook_bytes())
+        out.writestr("../../escape_01_attention.ipynb", notebook_bytes())
+        out.writestr("__MACOSX/._alice_01_attention.ipynb", b"junk")
+    submitted = tmp_path / "submitted"
+    found = collect(archive, NOTEBOOKS, None, collector_config(), submitted, tmp_path / "scratch")
+    got = {(s.student, s.assignment) for s in found.submissions}
+    assert got == {("alice", "01_attention"), ("bob_smith", "00_start_here"), ("carol", "01_attention")}
+    assert (submitted / "alice" / "01_attention" / "01_attention.ipynb").is_file()
+    assert (submitted / "bob_smith" / "00_start_here" / "timestamp.txt").read_text().strip() == "2026-03-01-10-00-00"
+    text = "\n".join(found.messages)
+    for name in ("random notes.txt", "nobody.ipynb", "dan_99_unknown.ipynb", "../../escape_01_attention.ipynb"):
+        assert name in text, name
+    assert not (tmp_path.parent / "escape_01_attention.ipynb").exists()
+
+
+def test_a_zip_of_the_nbgrader_layout_and_a_wrongly_named_notebook(tmp_path):
+    archive = tmp_path / "class.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("submitted/alice/01_attention/01_attention.ipynb", notebook_bytes())
+        out.writestr("submitted/alice/01_attention/timestamp.txt", "2026-03-01 10:00:00")
+        out.writestr("submitted/bob/01_attention/my attention.ipynb", notebook_bytes())
+        out.writestr("submitted/carol/01_attention/notes.md", "no notebook")
+        out.writestr("submitted/dan/99_unknown/99_unknown.ipynb", notebook_bytes())
+    submitted = tmp_path / "submitted"
+    found = collect(archive, NOTEBOOKS, None, collector_config(), submitted, tmp_path / "scratch")
+    by_student = {s.student: s for s in found.submissions}
+    assert by_student["alice"].timestamp == "2026-03-01 10:00:00"
+    assert by_student["bob"].flags == ["wrong-file-name"] and by_student["bob"].path.name == "my attention.ipynb"
+    assert by_student["carol"].path is None and "no 01_attention.ipynb was submitted" in by_student["carol"].notes[0]
+    assert "dan" not in by_student and any("99_unknown" in m for m in found.messages)
+    assert (submitted / "alice" / "01_attention" / "01_attention.ipynb").is_file()
+
+
+def test_a_zip_never_replaces_a_different_collected_file_unless_asked(tmp_path):
+    submitted = tmp_path / "submitted"
+    (submitted / "alice" / "01_attention").mkdir(parents=True)
+    existing = submitted / "alice" / "01_attention" / "01_attention.ipynb"
+    existing.write_text("the first collection")
+    archive = tmp_path / "again.zip"
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("alice_01_attention.ipynb", notebook_bytes())
+    found = collect(archive, NOTEBOOKS, None, collector_config(), submitted, tmp_path / "scratch")
+    assert existing.read_text() == "the first collection"
+    assert any("--replace" in m for m in found.messages)
+    collect(archive, NOTEBOOKS, None, collector_config(), submitted, tmp_path / "scratch", replace=True)
+    assert existing.read_bytes() == notebook_bytes()
+
+
+# ---------------------------------------------------------------- the judge
+
+FAKE_CELLS = [
+    ("setup_imports", "import torch\nfrom torch import nn"),
+    ("double", "def double(x):\n    return 2 * x"),
+    ("quad", "def quad(x):\n    return double(double(x))"),
+    ("Tiny", "class Tiny(nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
+             "        self.proj = nn.Linear(d, d, bias=False)\n    def forward(self, x):\n        return self.proj(x)"),
+]
+
+
+@pytest.fixture
+def fake_judge(monkeypatch):
+    """A Judge for a made-up assignment with a function, a dependant and an nn.Module exercise."""
+    import types
+
+    from autograder import checks, exercises, judge
+
+    def cases(ref):
+        g = torch.Generator().manual_seed(0)
+        yield checks.Case("a vector", (torch.randn(4, generator=g),))
+
+    def module_cases(ref):
+        yield checks.ModuleCase("a batch", (torch.ones(2, 3),), reference=ref.Tiny, init_args=(3,), seed=5)
+
+    module = types.SimpleNamespace(ASSIGNMENT="99_fake", EXERCISES={
+        "double": checks.Exercise("double", cases),
+        "quad": checks.Exercise("quad", cases, depends_on=("double",), mistakes=[
+            checks.Mistake("times-two", "doubled once", "Double twice.", lambda ref: ref.double)]),
+        "Tiny": checks.Exercise("Tiny", module_cases),
+    })
+    monkeypatch.setattr(exercises, "module_for", lambda assignment: module)
+    return judge.Judge("99_fake", FAKE_CELLS)
+
+
+def test_dependencies_are_revealed_only_after_their_own_check(fake_judge):
+    graded = {"double", "quad", "Tiny"}
+    early = fake_judge.shipment("quad", checked=set(), graded=graded)
+    assert "checked before `double`" in early["message"]
+    shipment = fake_judge.shipment("quad", checked={"double"}, graded=graded)
+    assert [gid for gid, _ in shipment["cells"]] == ["setup_imports", "double"]
+    assert fake_judge.shipment("double", checked=set(), graded=graded)["cells"] == []
+
+
+def test_module_cases_ship_their_weights_but_not_the_reference_class(fake_judge):
+    from autograder import verdict
+
+    shipment = fake_judge.shipment("Tiny", checked=set(), graded={"Tiny"})
+    assert shipment["cells"] == []
+    (case,) = verdict.unpack(shipment["cases"])
+    assert case.reference is None and set(case.reference_state()) == {"proj.weight"}
+    output = case.run(fake_judge.ref.Tiny)  # the learner's class would be built the same way
+    assert fake_judge.verdict("Tiny", None, [verdict.encode(output)], []) is None
+    assert "does not match" in fake_judge.verdict("Tiny", None, [verdict.encode(output + 1)], [])
+
+
+def test_verdicts_name_mistakes_and_refuse_tampering(fake_judge):
+    from autograder import verdict
+
+    (case,) = fake_judge.cases("quad")
+    right = verdict.encode(4 * case.args[0])
+    once = verdict.encode(2 * case.args[0])
+    assert fake_judge.verdict("quad", None, [right], []) is None
+    assert fake_judge.verdict("quad", None, [once], []).endswith("[mistake:times-two]")
+    assert "[mistake:tampering]" in fake_judge.verdict("quad", None, [right], ["torch.allclose"])
+    assert fake_judge.verdict("quad", "`quad` raised TypeError: boom", [], []) == "`quad` raised TypeError: boom"
+    assert "every case" in fake_judge.verdict("quad", None, [], [])
