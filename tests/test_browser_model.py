@@ -15,23 +15,6 @@ pytestmark = needs_chromium
 NOTEBOOK = "07_llama"
 
 
-def only_explorer(notebook, css_class: str):
-    [explorer] = [e for e in notebook.explorers() if e.topic_class == css_class]
-    explorer.locator.scroll_into_view_if_needed()
-    explorer.settle()
-    return explorer
-
-
-def press(notebook, explorer, slider_class: str, key: str, times: int = 1) -> None:
-    """Arrow keys on a slider's handle; wait until the widget shows the change."""
-    explorer.arm()
-    explorer.locator.locator(f".{slider_class} .noUi-handle").focus()
-    for _ in range(times):
-        notebook.page.keyboard.press(key)
-    explorer.wait_for_change()
-    explorer.settle()
-
-
 def training_report(notebook) -> dict:
     """The numbers the training cell printed at its end."""
     text = notebook.page.locator(".jp-OutputArea-output", has_text="loss on training text").inner_text()
@@ -52,7 +35,7 @@ def test_training_ends_clearly_below_the_unigram_entropy_and_the_monitor_shows_i
     assert report["held_out"] < report["entropy"] - 0.5, report
     assert report["train"] < report["entropy"] - 0.5, report
 
-    monitor = only_explorer(notebook, "training-monitor")
+    monitor = notebook.only_explorer("training-monitor")
     # under Run All the frames went to a picture until the browser set the figure up; now the figure shows
     assert monitor.locator.locator(".training-picture").is_hidden()
     assert monitor.drawn()
@@ -64,16 +47,17 @@ def test_training_ends_clearly_below_the_unigram_entropy_and_the_monitor_shows_i
     monitor.locator.screenshot(path=ARTIFACTS / "training-monitor.png")
 
     # a window of one step: the moving average is the last step's loss
-    press(notebook, monitor, "smooth-slider", "Home")
+    monitor.key_on("smooth-slider", "Home")
     last = re.search(r"loss ([\d.]+), moving average ([\d.]+)", stats.inner_text())
     assert last.group(1) == last.group(2), stats.inner_text()
-    press(notebook, monitor, "smooth-slider", "ArrowRight", times=9)  # back to 10
+    for _ in range(9):  # back to 10
+        monitor.key_on("smooth-slider", "ArrowRight")
     assert stats.inner_text() == shown
 
 
 def test_generate_button_writes_the_same_story_under_the_same_seed(ran_solution):
     notebook = ran_solution(NOTEBOOK)
-    explorer = only_explorer(notebook, "generation-explorer")
+    explorer = notebook.only_explorer("generation-explorer")
     written = explorer.locator.locator(".generated-text")
     seed = explorer.locator.locator(".seed-box input")
 
@@ -102,14 +86,14 @@ def test_generate_button_writes_the_same_story_under_the_same_seed(ran_solution)
 
 def test_attention_maps_give_no_weight_to_later_characters(ran_solution):
     notebook = ran_solution(NOTEBOOK)
-    explorer = only_explorer(notebook, "attention-maps")
+    explorer = notebook.only_explorer("attention-maps")
     shaded = explorer.locator.locator(".attention-text")
     before = shaded.inner_text()
     guesses = [float(p) for p in re.findall(r"” (0\.\d\d|1\.00)", before.split("the model expects:")[1])]
     assert len(guesses) == 3 and guesses == sorted(guesses, reverse=True) and sum(guesses) <= 1.0001
 
     # one query earlier: the last character becomes a later key, with weight 0 (the causal mask)
-    press(notebook, explorer, "query-slider", "ArrowLeft")
+    explorer.key_on("query-slider", "ArrowLeft")
     spans = shaded.locator("span[style*=background]")
     assert spans.last.get_attribute("style").startswith("background: rgba(214, 39, 40, 0.00)")
     assert spans.nth(spans.count() - 2).get_attribute("style").endswith("outline: 2px solid black;")
@@ -117,5 +101,5 @@ def test_attention_maps_give_no_weight_to_later_characters(ran_solution):
     ARTIFACTS.mkdir(exist_ok=True)
     explorer.locator.screenshot(path=ARTIFACTS / "attention-maps.png")
 
-    press(notebook, explorer, "query-slider", "ArrowRight")
+    explorer.key_on("query-slider", "ArrowRight")
     assert shaded.inner_text() == before
