@@ -403,6 +403,8 @@ def check(assignment: str, name: str, namespace: dict) -> None:
 
 def _check_outside(link, assignment: str, exercise: Exercise, learner, namespace: dict, tampered) -> None:
     """The sandboxed half of a check: run the learner here, let the grader judge outside."""
+    from . import verdict
+
     name = exercise.name
     shipment = link.begin(assignment, name, tampered)
     if shipment.get("message"):
@@ -410,7 +412,7 @@ def _check_outside(link, assignment: str, exercise: Exercise, learner, namespace
     # What the check may see of the reference, and all ``reference.load`` gives in here
     reference.provide(assignment, shipment["cells"])
     dependencies = reference.load(assignment)
-    cases = shipment["cases"]
+    cases = verdict.unpack(shipment["cases"])  # now: they may carry objects of those cells' classes
     restore = substitute(namespace, {dep: getattr(dependencies, dep) for dep in exercise.depends_on})
     try:
         problem = None

@@ -180,11 +180,15 @@ class Link:
             return read_line(stream)
 
     def begin(self, assignment: str, name: str, tampered) -> dict:
-        """{"message": why not} or {"cells": reference cells to build, "cases": [...]}."""
+        """{"message": why not} or {"cells": reference cells to build, "cases": the cases, packed}.
+
+        The cases are unpacked (``unpack``) once the cells are built: they may carry
+        objects of the classes those cells define (a reference config, a model).
+        """
         reply = self.ask({"op": "begin", "assignment": assignment, "name": name, "tampered": list(tampered)})
         if reply.get("message"):
             return {"message": reply["message"]}
-        return {"cells": reply.get("cells", []), "cases": unpack(reply["cases"])}
+        return {"cells": reply.get("cells", []), "cases": reply["cases"]}
 
     def result(self, assignment: str, name: str, problem, outputs, tampered) -> str | None:
         """The grader's message for the learner, or None when the check passed."""
