@@ -147,9 +147,11 @@ def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits:
     widgets = _widgets_folder()
     if widgets is not None:
         binds.append(("--ro-bind", widgets, widgets))
-    assets = course_root / "assets"
-    if assets.is_dir():
-        binds.append(("--ro-bind", assets, assets))
+    # The course's data: beside the notebooks, and beside the widget package,
+    # which reads it from there (notebook 07's corpus), when the two differ.
+    for assets in dict.fromkeys([course_root / "assets", *([widgets.parent / "assets"] if widgets else [])]):
+        if assets.is_dir():
+            binds.append(("--ro-bind", assets, assets))
     # Folders bwrap creates on its way to a mount point are root-only by default.
     folders = sorted({parent for _, _, dest in binds for parent in dest.parents}
                      | set(notebooks_dir.parents) | set(run_dir.parents), key=lambda p: len(p.parts))

@@ -282,6 +282,19 @@ class TestEveryNotebooksCatalogue:
         else:
             assert not set(summary["flags"]) & REVIEW_FLAGS, summary["flags"]
 
+    @pytest.mark.parametrize("suite", SUITES, ids=[suite.assignment for suite in SUITES])
+    def test_reference_runs_in_the_sandbox_without_an_error(self, run, suite):
+        """Not only the points: every cell of a correct submission runs in the sandbox
+        as on the learner's machine (the course's data in assets/ included)."""
+        import nbformat
+
+        course, _, _ = run
+        [graded] = (autograder_dir(course) / "autograded" / "reference" / suite.assignment).glob("*.ipynb")
+        errors = [f"cell {i}: {output.get('ename')}: {output.get('evalue')}"
+                  for i, cell in enumerate(nbformat.read(graded, as_version=4).cells)
+                  for output in cell.get("outputs", []) if output.get("output_type") == "error"]
+        assert errors == []
+
     def test_no_feedback_shows_hidden_test_code(self, run):
         course, _, expected = run
         pages = list((autograder_dir(course) / "feedback").rglob("*.html"))
