@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
 import pytest
 
 pytest.register_assert_rewrite("grading_suite", "grading_harness", "browser_harness")
@@ -27,9 +28,20 @@ def pytest_generate_tests(metafunc):
 def _close_figures():
     """Each test's figures are closed after it, so none piles up across the suite."""
     yield
-    import matplotlib.pyplot as plt
-
     plt.close("all")
+
+
+@pytest.fixture
+def ipympl_canvas():
+    """Figures get ipympl's canvas (what %matplotlib widget gives a notebook); its
+    pictures are recorded instead of being sent to a browser."""
+    previous, interactive = matplotlib.get_backend(), matplotlib.is_interactive()
+    plt.switch_backend("module://ipympl.backend_nbagg")
+    matplotlib.interactive(True)  # as in a notebook: a stale figure asks to be drawn again
+    yield
+    plt.close("all")
+    matplotlib.interactive(interactive)
+    plt.switch_backend(previous)
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 without a browser: the picture sent after a blitted update is exactly the
 picture matplotlib draws of the figure, the layout runs only when decorations
 change, and a change of limits (or an artist that comes) redraws everything."""
-import matplotlib
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
@@ -14,19 +12,6 @@ from course_widgets.base import Explorer
 
 X = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
 V = torch.tensor([[1.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
-
-
-@pytest.fixture
-def ipympl_canvas():
-    """Figures get ipympl's canvas (what %matplotlib widget gives a notebook); its
-    pictures are recorded instead of being sent to a browser."""
-    previous, interactive = matplotlib.get_backend(), matplotlib.is_interactive()
-    plt.switch_backend("module://ipympl.backend_nbagg")
-    matplotlib.interactive(True)  # as in a notebook: a stale figure asks to be drawn again
-    yield
-    plt.close("all")
-    matplotlib.interactive(interactive)
-    plt.switch_backend(previous)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ The widgets get the reference solution's classes (what a learner who solved
 the exercises passes in), deliberately unfinished ones, or mistaken ones (to
 show the widgets draw the learner's code, not their own).
 """
-import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.nn as nn
@@ -18,13 +17,6 @@ from course_widgets.block import ResidualStreamExplorer, SiluGateExplorer
 @pytest.fixture(scope="module")
 def solved():
     return reference.load("06_transformer_block")
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    """Each widget opens a pyplot figure; close them so a long session stays light."""
-    yield
-    plt.close("all")
 
 
 class Unimplemented(nn.Module):

@@ -4,7 +4,6 @@ The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in), mistaken ones, or deliberately unfinished ones.
 """
 import matplotlib.colors as mcolors
-import matplotlib.pyplot as plt
 import pytest
 
 from autograder import reference
@@ -14,13 +13,6 @@ from course_widgets.gqa import GIB, PUBLISHED_MODELS, HeadGrouping, KVCacheExplo
 @pytest.fixture(scope="module")
 def solved():
     return reference.load("05_grouped_query_attention")
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    """Each widget opens a pyplot figure; close them so a long session stays light."""
-    yield
-    plt.close("all")
 
 
 def unimplemented(*args, **kwargs):

@@ -3,20 +3,12 @@
 The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in), mistaken ones, or unfinished ones.
 """
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
 
 from autograder import reference
 from course_widgets.heads import TOKEN_COLOURS, HeadPatterns, ShapeWalk
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    """Each widget keeps its figure open; close them after each test."""
-    yield
-    plt.close("all")
 
 
 @pytest.fixture(scope="module")

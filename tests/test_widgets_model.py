@@ -4,7 +4,6 @@ The widgets get the reference solution's functions and a reference Llama
 (untrained: what the widgets show is computed the same way for any weights),
 or deliberately unfinished functions.
 """
-import matplotlib.pyplot as plt
 import pytest
 import torch
 
@@ -32,12 +31,6 @@ def model(solved, corpus):
     config = solved.ModelConfig(vocab_size=len(corpus[1]), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                                 d_hidden=64)
     return solved.Llama(config).eval()
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
 
 
 def unimplemented(*args, **kwargs):
@@ -78,15 +71,7 @@ def test_monitor_smoothing_slider_changes_the_average():
     assert monitor.smooth_line.get_data()[1][-1] == pytest.approx(3.0)
 
 
-@pytest.fixture
-def ipympl_backend():
-    plt.switch_backend("module://ipympl.backend_nbagg")
-    yield
-    plt.close("all")
-    plt.switch_backend("Agg")
-
-
-def test_monitor_shows_a_picture_until_the_browser_sets_the_figure_up(ipympl_backend):
+def test_monitor_shows_a_picture_until_the_browser_sets_the_figure_up(ipympl_canvas):
     """Under Run All the training runs before the browser's handshake with the
     figure: frames go to a PNG picture, which is hidden once the handshake is done;
     after it, frames are pushed to the canvas directly."""
@@ -256,35 +241,26 @@ def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved, model,
 
 # ---------------------------------------------------------------- blitting (course_widgets/base.py)
 
-def test_attention_maps_and_generation_blit_the_picture_matplotlib_draws(solved, model, corpus):
+def test_attention_maps_and_generation_blit_the_picture_matplotlib_draws(solved, model, corpus, ipympl_canvas):
     """On ipympl's canvas, another head or query, temperature or top-k changes only
     data (the generation widget's characters are texts, not tick labels): it is
     blitted over a saved picture of the rest, and what is sent is what matplotlib
     draws in full."""
-    import matplotlib
     import numpy as np
 
     from test_widgets_base import shown_by_blitting_then_by_matplotlib
 
     _, _, encode, decode = corpus
-    previous, interactive = matplotlib.get_backend(), matplotlib.is_interactive()
-    plt.switch_backend("module://ipympl.backend_nbagg")
-    matplotlib.interactive(True)
-    try:
-        maps = AttentionMaps(model, "the fox and the owl", encode, decode, solved.apply_rope,
-                             solved.attention_weights, solved.causal_mask)
-        for change in (lambda: setattr(maps.head, "value", 2), lambda: setattr(maps.query, "value", 7),
-                       lambda: setattr(maps.layer, "value", 0)):
-            blitted, full = shown_by_blitting_then_by_matplotlib(maps, change)
-            assert np.array_equal(blitted, full)
-        explorer = GenerationExplorer(solved.generate, model, encode, decode, prompt="the ", samples=100)
-        for change in (lambda: setattr(explorer.temperature, "value", 1.5),
-                       lambda: setattr(explorer.top_k, "value", 3)):
-            before = [text.get_text() for text in explorer.labels]
-            blitted, full = shown_by_blitting_then_by_matplotlib(explorer, change)
-            assert np.array_equal(blitted, full)
-        assert [text.get_text() for text in explorer.labels] != before  # the characters moved, blitted
-    finally:
-        plt.close("all")
-        matplotlib.interactive(interactive)
-        plt.switch_backend(previous)
+    maps = AttentionMaps(model, "the fox and the owl", encode, decode, solved.apply_rope,
+                         solved.attention_weights, solved.causal_mask)
+    for change in (lambda: setattr(maps.head, "value", 2), lambda: setattr(maps.query, "value", 7),
+                   lambda: setattr(maps.layer, "value", 0)):
+        blitted, full = shown_by_blitting_then_by_matplotlib(maps, change)
+        assert np.array_equal(blitted, full)
+    explorer = GenerationExplorer(solved.generate, model, encode, decode, prompt="the ", samples=100)
+    for change in (lambda: setattr(explorer.temperature, "value", 1.5),
+                   lambda: setattr(explorer.top_k, "value", 3)):
+        before = [text.get_text() for text in explorer.labels]
+        blitted, full = shown_by_blitting_then_by_matplotlib(explorer, change)
+        assert np.array_equal(blitted, full)
+    assert [text.get_text() for text in explorer.labels] != before  # the characters moved, blitted

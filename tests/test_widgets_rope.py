@@ -5,7 +5,6 @@ the exercises passes in), deliberately unfinished ones, or mistaken ones.
 """
 import math
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
@@ -17,13 +16,6 @@ from course_widgets.rope import PairingExplorer, PairRotation, RelativeScores
 @pytest.fixture(scope="module")
 def solved():
     return reference.load("04_rope")
-
-
-@pytest.fixture(autouse=True)
-def close_figures():
-    """Each widget builds a figure through pyplot: close them so they do not pile up."""
-    yield
-    plt.close("all")
 
 
 def unimplemented(*args, **kwargs):
