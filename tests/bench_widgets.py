@@ -96,7 +96,7 @@ def main() -> int:
         for assignment in chosen:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             notebook = LabNotebook(page, lab.url(place_in_lab(
-                lab, REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb", unique=False)))
+                lab, REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb")))
             notebook.open()
             started = time.perf_counter()
             notebook.run_all(timeout_s=900)

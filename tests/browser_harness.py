@@ -4,7 +4,7 @@
         page = browser.new_page()
         notebook = LabNotebook(page, lab.url("copy.ipynb"))
         notebook.open(); notebook.run_all()
-        pixels = notebook.canvas_pixels(".attention-heatmap")
+        heatmap = notebook.only_explorer("attention-heatmap")   # see explorer_driver.py
 
 Facts this relies on (see FIELD-NOTES): a temporary workspaces and settings
 folder and a unique workspace URL per page; news fetching and notebook
@@ -160,21 +160,6 @@ class LabNotebook:
             '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'
         ).all_inner_texts()
 
-    def canvas_pixels(self, widget_selector: str) -> str:
-        """The data URL of the widget's figure canvas (waits until it is drawn)."""
-        canvas = self.page.locator(f"{widget_selector} canvas").first
-        canvas.wait_for(timeout=30_000)
-        return canvas.evaluate("c => c.toDataURL()")
-
-    def wait_for_new_pixels(self, widget_selector: str, before: str, timeout_s: float = 10) -> str:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            now = self.canvas_pixels(widget_selector)
-            if now != before:
-                return now
-            time.sleep(0.05)
-        raise AssertionError(f"{widget_selector}: the figure did not change within {timeout_s} s")
-
 
 def link_assets(root: Path) -> Path:
     """Give a lab root the repository's assets/ (linked), as notebooks expect beside them."""
@@ -182,10 +167,10 @@ def link_assets(root: Path) -> Path:
     return root
 
 
-def place_in_lab(lab, source: Path, unique: bool = True) -> str:
+def place_in_lab(lab, source: Path) -> str:
     """Copy a notebook into the lab's root, in the same folder as in the repository
-    (with the other files of its folder), under a unique name unless told otherwise.
-    Returns its path relative to the root."""
+    (with the other files of its folder), under its own name. Returns its path
+    relative to the root."""
     source = Path(source).resolve()
     try:
         folder = source.parent.relative_to(REPOSITORY)
@@ -196,9 +181,8 @@ def place_in_lab(lab, source: Path, unique: bool = True) -> str:
     for sibling in source.parent.iterdir():
         if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
             shutil.copy(sibling, target_dir / sibling.name)
-    name = f"{source.stem}-{uuid.uuid4().hex[:8]}.ipynb" if unique else source.name
-    shutil.copy(source, target_dir / name)
-    return (folder / name).as_posix()
+    shutil.copy(source, target_dir / source.name)
+    return (folder / source.name).as_posix()
 
 
 def launch_browser(playwright):

@@ -81,26 +81,6 @@ def browser():
         browser.close()
 
 
-@pytest.fixture
-def open_copy(lab, browser):
-    """open_copy(path) copies a notebook under a unique name into the lab's root,
-    opens it in a new page and waits for its kernel; the page closes after the test."""
-    from browser_harness import LabNotebook, place_in_lab
-
-    pages = []
-
-    def open_notebook(source: Path) -> "LabNotebook":
-        page = browser.new_page(viewport=VIEWPORT)
-        pages.append(page)
-        notebook = LabNotebook(page, lab.url(place_in_lab(lab, source)))
-        notebook.open()
-        return notebook
-
-    yield open_notebook
-    for page in pages:
-        page.close()
-
-
 @pytest.fixture(scope="session")
 def ran_solution(lab, browser):
     """ran_solution(assignment) -> LabNotebook: the solution notebook
@@ -119,7 +99,7 @@ def ran_solution(lab, browser):
             source = REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb"
             page = browser.new_page(viewport=VIEWPORT)
             try:
-                notebook = LabNotebook(page, lab.url(place_in_lab(lab, source, unique=False)))
+                notebook = LabNotebook(page, lab.url(place_in_lab(lab, source)))
                 notebook.open()
                 notebook.run_all(timeout_s=900)
             except Exception as error:
