@@ -12,7 +12,7 @@ import yaml
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 # pip name -> conda-forge name, where they differ
-CONDA_NAMES = {"torch": "pytorch-cpu", "jupyter-repo2docker": "repo2docker"}
+CONDA_NAMES = {"torch": "pytorch-cpu", "jupyter-repo2docker": "repo2docker", "dask": "dask-core"}
 PIP_NAMES = {conda: pip for pip, conda in CONDA_NAMES.items()}
 
 
