@@ -69,6 +69,35 @@ class Limits:
     restarts: int = 4                # fresh kernels per notebook after hangs and crashes
 
 
+_claimed: dict[int, int] = {}
+
+
+def claim_slot(limit: int = 512) -> int:
+    """A worker slot no other grading process on this machine holds (while this process lives).
+
+    The slot names the sandbox's own user (``SANDBOX_UID`` + slot, as root), so
+    two grading processes on one machine (a local run's pool, several Dask
+    workers) never share a process-count limit. Each slot is an exclusive lock
+    on a file; the kernel releases it when the process ends, however it ends.
+    """
+    import fcntl
+
+    folder = Path(tempfile.gettempdir()) / f"autograder-slots-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    for slot in range(limit):
+        if slot in _claimed:
+            continue
+        handle = os.open(folder / f"{slot}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(handle)
+            continue
+        _claimed[slot] = handle
+        return slot
+    raise SandboxUnavailable(f"all {limit} grading slots of this machine are taken")
+
+
 class SandboxUnavailable(RuntimeError):
     """The sandbox cannot start on this machine; the message says why."""
 
