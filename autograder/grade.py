@@ -4,13 +4,15 @@
     ./course grade 01_attention            # one assignment
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
     ./course grade --workers 4 --cell-timeout 60 --force
+    ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
     python -P -m autograder.grade ...      # the same, from a course folder (-P: the folder's own
                                            # autograder/ work folder must not shadow the package)
 
 Steps: find the submissions (``collect``), make sure the gradebook knows the
 assignments (nbgrader's ``generate_assignment``, into a scratch release folder),
 snapshot what grading needs (``job.AssignmentSpec``), grade every notebook that
-is new or changed in parallel sandboxed workers (``job.grade_submission``),
+is new or changed in parallel sandboxed workers (``job.grade_submission``; this
+machine's own, or a Dask cluster's, see ``distributed``),
 commit each result as it arrives through the single ``writer.Writer``, then
 export the grades CSV and the class report (``report``) and print a summary.
 
@@ -187,12 +189,9 @@ class WorkerPool:
         if self.executor is not None:
             return
         count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
-        slots = self.context.Queue()
-        for slot in range(count):
-            slots.put(slot)
         self.executor = futures.ProcessPoolExecutor(
             max_workers=count, mp_context=self.context, initializer=worker_init,
-            initargs=(slots, str(self.course.root), self.limits, self.sandboxed, str(self.base)))
+            initargs=(str(self.course.root), self.limits, self.sandboxed, str(self.base)))
         for _ in range(count):  # spawn them all now: each warms up while we prepare the jobs
             self.executor.submit(worker_pid)
 
@@ -282,7 +281,13 @@ def parse_args(argv):
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
     parser.add_argument("--from", dest="source", type=Path,
                         help="a folder or a .zip of submissions (default: the course's autograder/submitted)")
-    parser.add_argument("--workers", type=int, default=default_workers(), help="parallel workers (default: cores)")
+    parser.add_argument("--workers", type=int, default=default_workers(),
+                        help="parallel workers on this machine (default: cores)")
+    parser.add_argument("--scheduler", metavar="ADDRESS",
+                        help="grade on the Dask cluster of this scheduler, e.g. tcp://10.0.0.5:8786 (default: "
+                             "$DASK_SCHEDULER_ADDRESS if set, else this machine's own workers)")
+    parser.add_argument("--local", action="store_true",
+                        help="grade on this machine even when DASK_SCHEDULER_ADDRESS is set")
     parser.add_argument("--force", action="store_true", help="regrade everything, not only new or changed submissions")
     parser.add_argument("--replace", action="store_true", help="let a zip replace different files in submitted/")
     parser.add_argument("--db", help="gradebook URL, e.g. postgresql://user@host/course (default: nbgrader's sqlite)")
@@ -319,15 +324,17 @@ def main(argv=None) -> int:
     course = Course(root, args.db)
     say = (lambda text: print(text, file=sys.stderr)) if not args.quiet else (lambda text: None)
     sandboxed = not args.unsandboxed
-    if sandboxed:
+    address = None if args.local else (args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None)
+    if sandboxed and not address:  # on a cluster, each worker's sandbox is checked when connecting
         reason = probe(course.root)
         if reason:
             print(f"grade: refusing to run student code without the sandbox: {reason}.\n"
                   "       Fix that, or pass --unsandboxed to grade anyway (student code then runs with "
                   "your rights and can read everything you can).", file=sys.stderr)
             return 2
-    else:
-        say("grade: WARNING: grading unsandboxed; student code runs with your rights")
+    if not sandboxed:
+        say("grade: WARNING: grading unsandboxed; student code runs with "
+            + ("the workers' rights" if address else "your rights"))
     cell_seconds = args.cell_timeout
     if cell_seconds is None:
         cell_seconds = float(course.config.Execute.get("timeout", 30)) if "Execute" in course.config else 30.0
@@ -342,6 +349,15 @@ def main(argv=None) -> int:
     if not source.exists():
         print(f"grade: {source} does not exist: nothing to grade", file=sys.stderr)
         return 2
+    cluster = None
+    if address:  # before anything is read or written: an unusable cluster changes nothing
+        from .distributed import DaskCluster
+
+        cluster = DaskCluster(address, sandboxed)
+        problem = cluster.connect()
+        if problem:
+            print(f"grade: {problem}\n       Nothing was graded or written.", file=sys.stderr)
+            return 2
     trace("configuration read, sandbox probed")
     collection = collect(source, notebooks, wanted, course.config, course.submitted, course.work / "incoming",
                          replace=args.replace)
@@ -349,7 +365,7 @@ def main(argv=None) -> int:
     ledger = Ledger(course.work / "grading.sqlite")
     done = ledger.state()
     digests = {id(s): s.digest() for s in collection.submissions}
-    pool = WorkerPool(course, limits, sandboxed, args.workers)
+    pool = cluster or WorkerPool(course, limits, sandboxed, args.workers)
     changed = [s for s in collection.submissions
                if args.force or done.get((s.student, s.assignment, s.notebook), ("",))[0] != digests[id(s)]]
     if changed:  # warm the workers up while the gradebook is read
@@ -375,8 +391,9 @@ def main(argv=None) -> int:
                             list(submission.notes), list(submission.flags)))
         for note in notes + collection.messages:
             say(f"grade: {note}")
+        where = cluster.describe() if cluster else f"{min(args.workers, max(1, len(jobs)))} worker(s)"
         say(f"grade: {len(jobs)} notebook(s) to grade, {skipped} unchanged since the last run; "
-            f"{min(args.workers, max(1, len(jobs)))} worker(s), {'sandboxed' if sandboxed else 'UNSANDBOXED'}")
+            f"{where}, {'sandboxed' if sandboxed else 'UNSANDBOXED'}")
         writer = Writer(course.coursedir, course.config, course.db_url, ledger)
         results: list[Result] = []
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 from nbformat.v4 import new_output
 
-from .sandbox import Limits, Zygote, kernel_environment
+from .sandbox import Limits, Zygote, claim_slot, kernel_environment
 from .tamper import GradebookView, inspect, sanitize
 from .verdict import mistake_of
 
@@ -90,9 +90,10 @@ class Result:
     faults: list = field(default_factory=list)
     timestamp: str | None = None
     worker: str = ""
+    started: float = 0.0              # when its worker began it (epoch seconds)
 
 
-REVIEW_FLAGS = {"graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
+REVIEW_FLAGS = {"grading-failed", "graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
                 "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name"}
 
 
@@ -148,6 +149,20 @@ def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNo
             if cell.metadata.get("nbgrader", {}).get("grade"):
                 cell.outputs = [error_output("NotGraded", f"This submission could not be graded: {message}.")]
     return nb
+
+
+WORKERS_DIED = ("grading this notebook stopped the grading worker {tries} times, so it was not graded; "
+                "the instructor will look at it")
+
+
+def failed_result(job: Job, message: str) -> Result:
+    """The record of a submission whose grading kept failing (its workers died): no points,
+    ``message`` for the student and the instructor, flagged for review. Its empty
+    fingerprint makes the next run try it again."""
+    nb = rejected_notebook(job.spec, message)
+    return Result(job.student, job.assignment, job.notebook, job.digest, "", False, nbformat.writes(nb),
+                  messages=[*job.notes, message], flags=[*job.flags, "not-graded", "grading-failed"],
+                  scores=scores_of(nb), timestamp=job.timestamp)
 
 
 # ---------------------------------------------------------------- verdicts into outputs
@@ -216,7 +231,7 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     spec = job.spec
     result = Result(job.student, job.assignment, job.notebook, job.digest, spec.fingerprint, True, "",
                     messages=list(job.notes), flags=list(job.flags), timestamp=job.timestamp,
-                    worker=f"w{zygote.slot}")
+                    worker=f"w{zygote.slot}", started=time.time())
     resources = {"nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook,
                               "db_url": None}}
     try:
@@ -287,14 +302,14 @@ _worker: dict = {}
 PR_SET_PDEATHSIG = 1
 
 
-def worker_init(slots, course_root: str, limits: Limits, sandboxed: bool, base_dir: str) -> None:
+def worker_init(course_root: str, limits: Limits, sandboxed: bool, base_dir: str) -> None:
     """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
     try:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    slot = slots.get()
+    slot = claim_slot()
     zygote = Zygote(slot, Path(course_root), limits, sandboxed=sandboxed, base_dir=Path(base_dir))
     zygote.launch()  # the sandbox imports torch while this process does the same
     import atexit

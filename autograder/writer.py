@@ -72,7 +72,8 @@ class Ledger:
             "checks": [asdict(c) if not isinstance(c, dict) else c for c in result.checks],
             "cell_seconds": result.cell_seconds, "cell_cpu_seconds": result.cell_cpu_seconds,
             "seconds": result.seconds, "kernels": result.kernels,
-            "kernel_seconds": result.kernel_seconds, "faults": result.faults,
+            "kernel_seconds": result.kernel_seconds, "faults": result.faults, "worker": result.worker,
+            "started": result.started,
         }
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO graded VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -1,0 +1,302 @@
+"""Grading on a Dask cluster: ``./course grade --scheduler tcp://HOST:8786``.
+
+The local mode (``grade.WorkerPool``) stays the default. Given a scheduler
+address (``--scheduler`` or Dask's own ``DASK_SCHEDULER_ADDRESS``), the grade
+command sends each submission notebook as one ``dask.distributed`` task
+instead. Nothing else changes:
+
+- A task carries the whole ``job.Job``: the submission's bytes and the
+  snapshot of its assignment (released notebook, gradebook cells, reference
+  cells, released data files). Workers need no shared folder, only a checkout
+  of the same course (the same grader code, checked: ``code_digest``) set up
+  with ``./course worker``.
+- On each worker process ``GraderPlugin`` keeps warm sandboxes (``Station``:
+  one ``sandbox.Zygote`` per thread that grades), exactly the local mode's
+  sandboxed execution (``job.grade_submission``), and returns a ``Result``.
+- Only the grade command's own process writes the gradebook, feedback, CSV
+  and report (``writer.Writer``), as results arrive.
+- A worker that dies loses no work: the scheduler runs its tasks elsewhere,
+  and a result is committed once, when its task's future completes. A
+  submission that was running each time ``allowed-failures`` + 1 workers died
+  (``./course scheduler`` sets 2: three tries) ends as ``KilledWorker``; it is
+  recorded as failed (``job.failed_result``: no points, flagged, the next run
+  tries it again) and the run goes on.
+
+Before anything is read or written the command connects (``DaskCluster.connect``):
+an unreachable scheduler, a cluster without workers, a worker whose sandbox
+cannot start or that runs other grader code, each gives a clear message and
+the command stops with nothing written.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+from distributed import WorkerPlugin
+
+from .job import WORKERS_DIED, Job, Result, failed_result, grade_submission
+from .sandbox import Limits, Zygote, claim_slot, probe
+
+PACKAGE = Path(__file__).resolve().parent
+CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
+WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
+
+
+def code_digest() -> str:
+    """What grading code this checkout runs: the grader and the widgets' Python files."""
+    import course_widgets
+
+    hasher = hashlib.sha256()
+    for package in (PACKAGE, Path(course_widgets.__file__).resolve().parent):
+        for path in sorted(package.rglob("*.py")):
+            hasher.update(str(path.relative_to(package.parent)).encode())
+            hasher.update(path.read_bytes())
+    return hasher.hexdigest()
+
+
+# ---------------------------------------------------------------- on the workers
+
+class Station:
+    """One worker process's warm sandboxes, one per thread that grades at a time."""
+
+    def __init__(self, sandboxed: bool):
+        self.sandboxed = sandboxed
+        _sweep_leftovers()
+        self.base = Path(tempfile.mkdtemp(prefix=f"ag-dask-{os.getpid()}-"))
+        self.idle: list[dict] = []
+        self.everyone: list[dict] = []
+        self.lock = threading.Lock()
+
+    def _new(self) -> dict:
+        zygote = Zygote(claim_slot(), PACKAGE.parent, Limits(), sandboxed=self.sandboxed, base_dir=self.base)
+        zygote.launch()
+        entry = {"zygote": zygote, "judges": {}, "ready": False}
+        with self.lock:
+            self.everyone.append(entry)
+        return entry
+
+    def warm(self) -> None:
+        """Start one sandbox now (unless there is one), so the first task finds it ready."""
+        with self.lock:
+            if self.everyone:
+                return
+        entry = self._new()
+        with self.lock:
+            self.idle.append(entry)
+
+    def take(self) -> dict:
+        with self.lock:
+            entry = self.idle.pop() if self.idle else None
+        if entry is None:
+            entry = self._new()
+        if not entry["ready"]:
+            entry["zygote"].wait_ready()
+            entry["ready"] = True
+        return entry
+
+    def give_back(self, entry: dict) -> None:
+        with self.lock:
+            self.idle.append(entry)
+
+    def close(self) -> None:
+        with self.lock:
+            entries, self.everyone, self.idle = self.everyone, [], []
+        for entry in entries:
+            entry["zygote"].close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _sweep_leftovers() -> None:
+    """Remove the scratch folders of worker processes that were killed before they could."""
+    for folder in Path(tempfile.gettempdir()).glob("ag-dask-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+_stations: dict[bool, Station] = {}
+_stations_lock = threading.Lock()
+
+
+def station(sandboxed: bool) -> Station:
+    with _stations_lock:
+        if sandboxed not in _stations:
+            _stations[sandboxed] = Station(sandboxed)
+        return _stations[sandboxed]
+
+
+class GraderPlugin(WorkerPlugin):
+    """Warms a sandbox when a worker starts (or joins later); stops them when it closes."""
+
+    idempotent = True
+
+    def __init__(self, sandboxed: bool):
+        self.sandboxed = sandboxed
+
+    def setup(self, worker) -> None:
+        # Only the sandbox's process starts here: it imports torch in the background.
+        station(self.sandboxed).warm()
+
+    def teardown(self, worker) -> None:
+        with _stations_lock:
+            stations = list(_stations.values())
+            _stations.clear()
+        for each in stations:
+            each.close()
+
+
+def dask_setup(worker) -> None:
+    """``dask worker --preload autograder.distributed`` (what ``./course worker`` runs): warm up
+    as the worker starts, before any grade command connects, so the first notebook waits for
+    nothing. A worker whose sandbox cannot start still starts; the command's check says why."""
+    import logging
+
+    from . import execute, judge  # noqa: F401  (torch, nbclient: what grading imports)
+
+    reason = probe(PACKAGE.parent)
+    if reason is None:
+        station(True).warm()
+    else:
+        logging.getLogger("distributed.worker").warning("course grader: the sandbox cannot start here: %s", reason)
+
+
+def plugin_name(sandboxed: bool) -> str:
+    return "course-grader" if sandboxed else "course-grader-unsandboxed"
+
+
+def check_worker(sandboxed: bool, digest: str, dask_worker=None) -> str | None:
+    """On a worker: None when it can grade for this command, else why not."""
+    if code_digest() != digest:
+        return ("it runs different grading code than this command (update its checkout of the course to the "
+                "same commit and restart it)")
+    if sandboxed:
+        reason = probe(PACKAGE.parent)
+        if reason:
+            return reason
+    return None
+
+
+def grade_task(job: Job, digest: str, sandboxed: bool) -> Result:
+    """One submission notebook, on whichever worker the scheduler chose."""
+    if code_digest() != digest:
+        raise RuntimeError("this worker runs different grading code than the grade command; "
+                           "update its checkout and restart it")
+    here = station(sandboxed)
+    entry = here.take()
+    try:
+        zygote: Zygote = entry["zygote"]
+        zygote.limits = job.limits
+        zygote.ensure()
+        result = grade_submission(job, zygote, entry["judges"])
+    finally:
+        here.give_back(entry)
+    try:
+        from distributed import get_worker
+
+        result.worker = f"{get_worker().name}/{result.worker}"
+    except ValueError:
+        pass
+    return result
+
+
+# ---------------------------------------------------------------- in the grade command
+
+class DaskCluster:
+    """The grade command's side: connect, check the workers, grade ``jobs`` there.
+
+    Same interface as ``grade.WorkerPool`` (``start``, ``run``, ``close``, ``join``).
+    """
+
+    def __init__(self, address: str, sandboxed: bool):
+        self.address = address
+        self.sandboxed = sandboxed
+        self.client = None
+        self.futures: list = []
+        self.digest = code_digest()
+
+    def connect(self) -> str | None:
+        """None when the cluster is ready to grade, else what is wrong (in words)."""
+        from distributed import Client
+
+        try:
+            self.client = Client(self.address, timeout=CONNECT_SECONDS, set_as_default=False)
+        except Exception as error:
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            return (f"cannot reach the Dask scheduler at {self.address} ({detail}).\n"
+                    "       Is `./course scheduler` (or `dask scheduler`) running there, and can this machine "
+                    "reach its port?")
+        try:
+            self.client.wait_for_workers(1, timeout=WORKERS_SECONDS)
+        except Exception:
+            self.close()
+            return (f"the Dask scheduler at {self.address} has no workers (waited {WORKERS_SECONDS:.0f} s); "
+                    f"start some with `./course worker {self.address}`")
+        self.client.register_plugin(GraderPlugin(self.sandboxed), name=plugin_name(self.sandboxed))
+        answers = self.client.run(check_worker, self.sandboxed, self.digest)
+        refused = {worker: reason for worker, reason in answers.items() if reason}
+        if refused:
+            self.close()
+            lines = "\n".join(f"         {worker}: {reason}" for worker, reason in sorted(refused.items()))
+            return (f"{len(refused)} of the {len(answers)} Dask workers at {self.address} cannot grade:\n{lines}\n"
+                    "       Fix or stop those workers" + ("." if not self.sandboxed else
+                                                          ", or pass --unsandboxed if it is the sandbox."))
+        return None
+
+    def describe(self) -> str:
+        workers = self.client.scheduler_info(n_workers=-1)["workers"] if self.client else {}
+        threads = sum(w.get("nthreads", 0) for w in workers.values())
+        return f"the Dask cluster at {self.address} ({len(workers)} worker(s), {threads} thread(s))"
+
+    def start(self, expected_jobs: int | None = None) -> None:
+        """Nothing to start: the workers are already up."""
+
+    def run(self, jobs: list[Job], on_result, progress=None) -> list[str]:
+        """Grade ``jobs`` on the cluster; ``on_result(result)`` here as each finishes; problems in words."""
+        from distributed import KilledWorker, as_completed
+
+        problems = []
+        run = f"course-grade-{uuid.uuid4().hex[:12]}"
+        owner = {}
+        for index, job in enumerate(jobs):
+            key = (run, index, f"{job.student}/{job.assignment}/{job.notebook}")
+            future = self.client.submit(grade_task, job, self.digest, self.sandboxed, key=key, retries=1)
+            owner[future.key] = job
+            self.futures.append(future)
+        for future in as_completed(self.futures, loop=self.client.loop):
+            job = owner[future.key]
+            label = f"{job.student}/{job.assignment}/{job.notebook}"
+            try:
+                result = future.result()
+            except KilledWorker as error:
+                tries = getattr(error, "allowed_failures", 2) + 1
+                on_result(failed_result(job, WORKERS_DIED.format(tries=tries)))
+                problems.append(f"{label}: {tries} grading workers died while grading it; marked failed "
+                                "(no points, flagged), the next run tries it again")
+            except Exception as error:
+                problems.append(f"{label}: grading failed ({type(error).__name__}: {error}); not graded")
+            else:
+                on_result(result)
+            if progress:
+                progress.update(1)
+            future.release()
+        self.futures = []
+        return problems
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                if self.futures:
+                    self.client.cancel(self.futures)
+                self.client.close(timeout=10)
+            except Exception:
+                pass
+            self.client = None
+            self.futures = []
+
+    def join(self) -> None:
+        self.close()
