@@ -50,6 +50,13 @@ def nbgrader(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
     return result
 
 
+def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """The grading command as an instructor runs it (``./course grade`` runs exactly this)."""
+    command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *args]
+    return subprocess.run(command, cwd=course_root, capture_output=True, text=True, timeout=timeout,
+                          env=env or os.environ.copy())
+
+
 def answer_cells(notebook) -> dict:
     """{grade_id: cell} of the autograded answer cells."""
     found = {}
@@ -154,3 +161,23 @@ class Course:
     def autograded(self, student: str, assignment: str) -> dict:
         path = self.root / "autograder" / "autograded" / student / assignment / f"{assignment}.ipynb"
         return json.loads(path.read_text(encoding="utf-8"))
+
+    def gradebook_dump(self) -> dict:
+        """Everything grading writes to the gradebook, comparable between two courses."""
+        from nbgrader.api import Gradebook
+
+        dump = {}
+        with Gradebook(self.db_url) as gradebook:
+            for assignment in gradebook.assignments:
+                for submission in assignment.submissions:
+                    key = (submission.student.id, assignment.name)
+                    dump[key + ("timestamp",)] = submission.timestamp
+                    for notebook in submission.notebooks:
+                        dump[key + (notebook.name, "flagged")] = notebook.flagged
+                        dump[key + (notebook.name, "late")] = notebook.late_submission_penalty
+                        for grade in notebook.grades:
+                            dump[key + (grade.name,)] = (grade.auto_score, grade.manual_score,
+                                                         grade.needs_manual_grade)
+                        for comment in notebook.comments:
+                            dump[key + (comment.name, "comment")] = (comment.auto_comment, comment.manual_comment)
+        return dump

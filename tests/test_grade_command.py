@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grading_harness import UNTOUCHED, Course, grade_cells
+from grading_harness import UNTOUCHED, Course, grade, grade_cells
 from hostile_submissions import ASSIGNMENT, fill, load_catalogue, submit_all
 
 from autograder.job import REVIEW_FLAGS
@@ -27,13 +27,6 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue()
 LIMITS = ("--cell-timeout", "5", "--notebook-timeout", "120")  # short, so hanging fixtures cost seconds
 NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
-
-
-def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
-    """The grading command as an instructor runs it (``./course grade`` runs exactly this)."""
-    command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *args]
-    return subprocess.run(command, cwd=course_root, capture_output=True, text=True, timeout=timeout,
-                          env=env or os.environ.copy())
 
 
 def autograder_dir(course: Course) -> Path:
@@ -304,26 +297,6 @@ class TestEveryNotebooksCatalogue:
 
 # ---------------------------------------------------------------- crash, resume, unsandboxed
 
-def gradebook_dump(course: Course) -> dict:
-    """Everything grading writes to the gradebook, comparable between two courses."""
-    from nbgrader.api import Gradebook
-
-    dump = {}
-    with Gradebook(course.db_url) as gradebook:
-        for assignment in gradebook.assignments:
-            for submission in assignment.submissions:
-                key = (submission.student.id, assignment.name)
-                dump[key + ("timestamp",)] = submission.timestamp
-                for notebook in submission.notebooks:
-                    dump[key + (notebook.name, "flagged")] = notebook.flagged
-                    dump[key + (notebook.name, "late")] = notebook.late_submission_penalty
-                    for grade in notebook.grades:
-                        dump[key + (grade.name,)] = (grade.auto_score, grade.manual_score, grade.needs_manual_grade)
-                    for comment in notebook.comments:
-                        dump[key + (comment.name, "comment")] = (comment.auto_comment, comment.manual_comment)
-    return dump
-
-
 def running_for(course: Course) -> list[str]:
     """Command lines of processes still working on ``course`` (the grader, its workers, sandboxes)."""
     found = []
@@ -396,7 +369,7 @@ class TestCrashAndResume:
         resumed = grade(killed.root, *LIMITS)
         assert resumed.returncode == 0, resumed.stderr[-2000:]
         assert f"{committed} unchanged" in resumed.stdout, resumed.stdout
-        assert gradebook_dump(killed) == gradebook_dump(clean)
+        assert killed.gradebook_dump() == clean.gradebook_dump()
         for student in ("ann", "ben", "cid", "dee", "eve", "fay"):
             assert (autograder_dir(killed) / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").is_file()
 
@@ -406,8 +379,8 @@ class TestCrashAndResume:
         refused = grade(clean.root, *LIMITS, env=env)
         assert refused.returncode == 2
         assert "bubblewrap is not installed" in refused.stderr and "--unsandboxed" in refused.stderr
-        before = gradebook_dump(clean)
+        before = clean.gradebook_dump()
         unsandboxed = grade(clean.root, *LIMITS, "--unsandboxed", "--force", env=env)
         assert unsandboxed.returncode == 0, unsandboxed.stderr[-2000:]
         assert "Graded 6 notebook(s)" in unsandboxed.stdout
-        assert gradebook_dump(clean) == before  # the same grades without the sandbox
+        assert clean.gradebook_dump() == before  # the same grades without the sandbox
