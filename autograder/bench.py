@@ -10,10 +10,14 @@ course are graded on this machine, one after the other:
 
 - stock: ``nbgrader autograde`` per assignment (one notebook after another,
   each in a fresh kernel), then ``nbgrader generate_feedback``;
-- ours: ``./course grade`` (sandboxed, parallel, feedback, CSV and report).
+- ours: ``./course grade`` (sandboxed, parallel, feedback, CSV and report);
+- distributed: ``./course grade --scheduler`` on a local Dask cluster
+  (``./course scheduler`` and ``./course worker``, as many one-thread workers
+  as the local run has; started before the clock, as a cluster would be).
 
 Printed: wall time of each and their ratio, the overhead per notebook beyond
-the time its own cells take, peak memory (summed over the process tree, as
+the time its own cells take, the hand-off between two notebooks on one worker
+(median; for the cluster, Dask's scheduling round trip), peak memory (summed over the process tree, as
 proportional and as resident set sizes), CPU time, and whether the two agree on every grade. Nothing is asserted.
 """
 from __future__ import annotations
@@ -242,6 +246,79 @@ def grades(root: Path) -> dict:
     return found
 
 
+def handoff_seconds(summaries: dict) -> float | None:
+    """Median idle time of a worker between two notebooks: from the end of one to the start
+    of the next (the pool's or the Dask scheduler's round trip, and the job's transfer)."""
+    import statistics
+
+    by_worker: dict[str, list] = {}
+    for summary in summaries.values():
+        if summary.get("worker") and summary.get("started"):
+            by_worker.setdefault(summary["worker"], []).append((summary["started"], summary["seconds"]))
+    gaps = []
+    for runs in by_worker.values():
+        runs.sort()
+        gaps += [start - (previous + seconds) for (previous, seconds), (start, _) in zip(runs, runs[1:])]
+    return statistics.median(gaps) if gaps else None
+
+
+class LocalCluster:
+    """``./course scheduler`` and ``./course worker`` processes on 127.0.0.1, as an instructor
+    starts them: the benchmark's distributed row, and the tests' cluster."""
+
+    def __init__(self, logs: Path):
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.logs = logs
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_")}  # no address inherited
+        self.env["COURSE_VENV"] = sys.prefix
+
+    def _launch(self, name: str, *arguments: str) -> None:
+        with open(self.logs / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(
+                [str(REPOSITORY / "course"), *arguments], cwd=REPOSITORY, env=self.env, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_worker(self, name: str, *options: str) -> None:
+        self._launch(name, "worker", self.address, "--host", "127.0.0.1", "--no-dashboard", "--name", name,
+                     *options)
+
+    def wait_for_workers(self, count: int) -> None:
+        from distributed import Client
+
+        with Client(self.address, timeout=60, set_as_default=False) as client:
+            client.wait_for_workers(count, timeout=300)
+
+    def kill(self, name: str) -> None:
+        """kill -9 a ``./course worker``: its nanny and worker processes at once (a machine gone)."""
+        import signal
+
+        process = self.processes.pop(name)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def __enter__(self):
+        self._launch("scheduler", "scheduler", "--host", "127.0.0.1", "--port", str(self.port), "--no-dashboard")
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        for name in reversed(list(self.processes)):
+            process = self.processes.pop(name)
+            try:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=40)
@@ -249,7 +326,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, help="for ./course grade (default: the machine's cores)")
     parser.add_argument("--keep", type=Path, help="build the class here and keep it (default: a temporary "
                                                   "folder); a class already built there is reused")
-    parser.add_argument("--skip-stock", action="store_true", help="time ./course grade only")
+    parser.add_argument("--skip-stock", action="store_true", help="leave out stock nbgrader")
+    parser.add_argument("--skip-distributed", action="store_true", help="leave out the local Dask cluster")
     args = parser.parse_args(argv)
     base = args.keep or Path(tempfile.mkdtemp(prefix="grading-bench-"))
     try:
@@ -263,9 +341,10 @@ def main(argv=None) -> int:
         counts = json.loads(mix.read_text())
         assignments = sorted(p.name for p in (pristine / "notebooks").iterdir())
         students = sorted(p.name for p in (pristine / "autograder" / "submitted").iterdir())
-        for label in ("ours", "stock"):
+        for label, wanted in (("ours", True), ("stock", not args.skip_stock),
+                              ("distributed", not args.skip_distributed)):
             shutil.rmtree(base / label, ignore_errors=True)
-            if label == "ours" or not args.skip_stock:
+            if wanted:
                 shutil.copytree(pristine, base / label, symlinks=True)
         notebooks = len(students) * len(assignments)
         print(f"{notebooks} notebooks ({', '.join(assignments)}): "
@@ -286,41 +365,68 @@ def main(argv=None) -> int:
                               f"(it does when a submission cannot be graded): {last}")
             figures["stock"] = (time.perf_counter() - started, peak, stock_cell_seconds(base / "stock"), 1, cpu)
             print(f"stock nbgrader: {figures['stock'][0]:.1f} s", flush=True)
-        command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet"]
-        if args.workers:
-            command += ["--workers", str(args.workers)]
-        launched = time.time()
-        seconds, peak, cpu, result = _run(command, base / "ours")
-        if result.returncode:
-            print(result.stdout[-2000:], result.stderr[-2000:])
         from .writer import Ledger
 
-        ledger = Ledger(base / "ours" / "autograder" / ".work" / "grading.sqlite")
-        summaries = ledger.summaries()
-        committed = sorted(t for (t,) in ledger.db.execute("SELECT graded_at FROM graded"))
-        ledger.close()
+        def ledger_of(label: str) -> tuple[dict, list]:
+            ledger = Ledger(base / label / "autograder" / ".work" / "grading.sqlite")
+            try:
+                return ledger.summaries(), sorted(t for (t,) in ledger.db.execute("SELECT graded_at FROM graded"))
+            finally:
+                ledger.close()
+
+        command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet"]
+        workers = args.workers or cores
+        launched = time.time()
+        seconds, peak, cpu, result = _run(command + ["--local", "--workers", str(workers)], base / "ours")
+        if result.returncode:
+            print(result.stdout[-2000:], result.stderr[-2000:])
+        summaries, committed = ledger_of("ours")
         cell_seconds = sum(s.get("cell_seconds", 0.0) for s in summaries.values())
         cell_cpu = sum(s.get("cell_cpu_seconds", 0.0) for s in summaries.values())
-        workers = args.workers or cores
         figures["ours"] = (seconds, peak, cell_seconds, workers, cpu)
+        handoffs = {"ours": handoff_seconds(summaries)}
+        steadies = {"ours": (launched, seconds, committed, cell_seconds)}
+        print(f"./course grade: {seconds:.1f} s", flush=True)
+        if not args.skip_distributed:
+            cpu_before, started = _cpu_of_children(), time.perf_counter()
+            with LocalCluster(base) as cluster:
+                cluster.start_worker("bench", "--nworkers", str(workers))
+                cluster.wait_for_workers(workers)
+                warm = time.perf_counter() - started
+                launched_d = time.time()
+                wall, memory, _, result = _run(command + ["--scheduler", cluster.address], base / "distributed")
+            if result.returncode:
+                print(result.stdout[-2000:], result.stderr[-2000:])
+            summaries_d, committed_d = ledger_of("distributed")
+            cells_d = sum(s.get("cell_seconds", 0.0) for s in summaries_d.values())
+            figures["distributed"] = (wall, memory, cells_d, workers, _cpu_of_children() - cpu_before)
+            steadies["distributed"] = (launched_d, wall, committed_d, cells_d)
+            handoffs["distributed"] = handoff_seconds(summaries_d)
+            print(f"./course grade --scheduler: {wall:.1f} s (the cluster took {warm:.1f} s to start, "
+                  "before the clock)", flush=True)
         print()
-        print(f"{'':<30}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'peak MB':>9}{'CPU s':>9}{'CPU s/nb':>10}"
-              f"{'peak RSS MB':>13}")
+        print(f"{'':<34}{'wall s':>9}{'cells s':>9}{'overhead s/nb':>15}{'hand-off ms':>13}{'peak MB':>9}"
+              f"{'CPU s':>9}{'CPU s/nb':>10}{'peak RSS MB':>13}")
+        names = {"stock": "stock nbgrader (one by one)", "ours": f"./course grade ({workers} workers)",
+                 "distributed": f"  on Dask ({workers} workers)"}
         for label, (wall, (memory, resident), cells, slots, used) in figures.items():
             overhead = (wall * slots - cells) / notebooks
-            name = "stock nbgrader (one by one)" if label == "stock" else f"./course grade ({slots} workers)"
-            print(f"{name:<30}{wall:>9.1f}{cells:>9.1f}{overhead:>15.2f}{memory:>9.0f}{used:>9.1f}"
-                  f"{used / notebooks:>10.2f}{resident:>13.0f}")
-        if len(committed) > 2 * workers:
-            # Steady state: between the first results and the last, leaving out the one-time
-            # start of the workers (torch imported, sandboxes warmed) and the final CSV and report.
-            steady = committed[-1] - committed[workers - 1]
-            count = len(committed) - workers
-            share = steady * workers / count - cell_seconds / len(committed)
-            first, tail = committed[0] - launched, launched + seconds - committed[-1]
-            print(f"{'  steady state':<30}{steady:>9.1f}{'':>9}{share:>15.2f}   "
-                  f"({count} notebooks; {first:.1f} s to the first result, {tail:.1f} s after the last)")
-        print(f"{'  CPU beyond the cells':<30}{'':>9}{cell_cpu:>9.1f}{(cpu - cell_cpu) / notebooks:>15.2f}   "
+            handoff = handoffs.get(label)
+            handoff_text = f"{handoff * 1000:>13.0f}" if handoff is not None else f"{'':>13}"
+            print(f"{names[label]:<34}{wall:>9.1f}{cells:>9.1f}{overhead:>15.2f}{handoff_text}{memory:>9.0f}"
+                  f"{used:>9.1f}{used / notebooks:>10.2f}{resident:>13.0f}")
+        for label, (launch, wall, commits, cells) in steadies.items():
+            if len(commits) > 2 * workers:
+                # Steady state: between the first results and the last, leaving out the one-time
+                # start of the workers (torch imported, sandboxes warmed) and the final CSV and report.
+                steady = commits[-1] - commits[workers - 1]
+                count = len(commits) - workers
+                share = steady * workers / count - cells / len(commits)
+                first, tail = commits[0] - launch, launch + wall - commits[-1]
+                name = "  steady state" + (" (Dask)" if label == "distributed" else "")
+                print(f"{name:<34}{steady:>9.1f}{'':>9}{share:>15.2f}   "
+                      f"({count} notebooks; {first:.1f} s to the first result, {tail:.1f} s after the last)")
+        print(f"{'  CPU beyond the cells':<34}{'':>9}{cell_cpu:>9.1f}{(cpu - cell_cpu) / notebooks:>15.2f}   "
               f"(CPU s the kernels spent in cells; the rest, per notebook: what the load cannot inflate)")
         if "stock" in figures:
             print(f"speed-up: {figures['stock'][0] / figures['ours'][0]:.2f}x on {cores} cores")
@@ -330,6 +436,15 @@ def main(argv=None) -> int:
                   + ("" if same == len(stock) else f" ({len(stock) - same} differ: see {base})"))
         print("overhead per notebook = (wall time x parallel slots - time spent in cells) / notebooks: "
               "starting kernels, sanitizing, checking, scoring, feedback, and for ours the workers' start and the report.")
+        if "distributed" in figures:
+            ours, theirs = grades(base / "ours"), grades(base / "distributed")
+            print(f"the Dask cluster's gradebook {'equals' if ours == theirs else 'DIFFERS FROM'} the local mode's "
+                  f"({len(theirs)} graded cells)")
+            extra = figures["distributed"][0] - figures["ours"][0]
+            print(f"scheduling on Dask: {extra / notebooks:+.2f} s per notebook of wall time against the local mode "
+                  f"(whose time includes starting its workers; the cluster's were already up); hand-off = median "
+                  "time a worker waits between two notebooks (Dask: result to scheduler, next task to worker). "
+                  "The Dask row's CPU s includes starting and stopping the cluster.")
         print("peak MB: proportional set sizes summed over the process tree (a page shared by forked "
               "kernels counts once); peak RSS MB sums resident sizes (shared pages once per process).")
         print(f"CPU s: user + system time of every process involved; the machine's load average was "
