@@ -29,6 +29,7 @@ the command stops with nothing written.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -47,8 +48,10 @@ CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
 WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
 
 
+@functools.cache
 def code_digest() -> str:
-    """What grading code this checkout runs: the grader and the widgets' Python files."""
+    """What grading code this process runs: the grader's and the widgets' Python files, read
+    once (a checkout updated under a running worker still counts as what it loaded)."""
     import course_widgets
 
     hasher = hashlib.sha256()
