@@ -172,7 +172,7 @@ def plugin_name(sandboxed: bool) -> str:
     return "course-grader" if sandboxed else "course-grader-unsandboxed"
 
 
-def check_worker(sandboxed: bool, digest: str, dask_worker=None) -> str | None:
+def check_worker(sandboxed: bool, digest: str) -> str | None:
     """On a worker: None when it can grade for this command, else why not."""
     if code_digest() != digest:
         return ("it runs different grading code than this command (update its checkout of the course to the "
