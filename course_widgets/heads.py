@@ -22,6 +22,7 @@ import torch
 from matplotlib.patches import Rectangle
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
+from .plots import nice_ceiling
 
 TOKEN_COLOURS = [matplotlib.colors.to_rgb(c) for c in matplotlib.colormaps["tab10"].colors]
 HEAD_COLOURS = TOKEN_COLOURS
@@ -323,7 +324,8 @@ class HeadPatterns(Explorer):
             bar.set_height(float(self.merged[t, d]))
             bar.set_color(HEAD_COLOURS[(d // Dh) % len(HEAD_COLOURS)])
         self.after.set_ydata(self.output[t].numpy())
-        limit = 1.15 * max(float(self.merged[t].abs().max()), float(self.output[t].abs().max()), 0.1)
+        # rounded up to 1, 2, 5, ...: most inputs keep the axis, and only the data is redrawn
+        limit = nice_ceiling(1.15 * max(float(self.merged[t].abs().max()), float(self.output[t].abs().max()), 0.1))
         self.bar_axes.set_ylim(-limit, limit)
         self.bar_axes.set_title(f"“{self.tokens[t]}”: the {H} heads' outputs side by side "
                                 f"({Dh} numbers each, bars) and after W_O (dots)", fontsize=9)

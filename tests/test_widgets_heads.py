@@ -124,6 +124,20 @@ def test_head_patterns_follows_the_controls(solved):
     assert not torch.allclose(before, widget.weights)
 
 
+def test_head_patterns_keeps_its_bar_scale_while_the_numbers_fit(solved):
+    """The bar axis snaps to 1, 2, 5, ...: every bar and dot fits, and moving through the
+    queries mostly keeps the scale (so only the data is drawn again, not the figure)."""
+    widget = patterns(solved)
+    limits = []
+    for query in range(widget.T):
+        widget.query.value = query
+        low, high = widget.bar_axes.get_ylim()
+        shown = max(abs(widget.merged[query]).max(), abs(widget.output[query]).max())
+        assert low == -high and high in (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0) and shown <= high
+        limits.append(high)
+    assert len(set(limits)) < len(limits) / 2
+
+
 def test_head_patterns_causal_mask_empties_the_upper_triangle(solved):
     widget = patterns(solved)
     widget.causal.value = True
