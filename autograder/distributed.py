@@ -78,7 +78,7 @@ class Station:
     def _new(self) -> dict:
         zygote = Zygote(claim_slot(), PACKAGE.parent, Limits(), sandboxed=self.sandboxed, base_dir=self.base)
         zygote.launch()
-        entry = {"zygote": zygote, "judges": {}, "ready": False}
+        entry = {"zygote": zygote, "judges": {}}
         with self.lock:
             self.everyone.append(entry)
         return entry
@@ -97,9 +97,8 @@ class Station:
             entry = self.idle.pop() if self.idle else None
         if entry is None:
             entry = self._new()
-        if not entry["ready"]:
+        if not entry["zygote"].info:  # launched, not yet heard from
             entry["zygote"].wait_ready()
-            entry["ready"] = True
         return entry
 
     def give_back(self, entry: dict) -> None:
@@ -276,7 +275,7 @@ class DaskCluster:
             try:
                 result = future.result()
             except KilledWorker as error:
-                tries = getattr(error, "allowed_failures", 2) + 1
+                tries = error.allowed_failures + 1
                 on_result(failed_result(job, WORKERS_DIED.format(tries=tries)))
                 problems.append(f"{label}: {tries} grading workers died while grading it; marked failed "
                                 "(no points, flagged), the next run tries it again")

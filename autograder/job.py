@@ -93,8 +93,8 @@ class Result:
     started: float = 0.0              # when its worker began it (epoch seconds)
 
 
-REVIEW_FLAGS = {"grading-failed", "graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
-                "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name"}
+REVIEW_FLAGS = {"graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
+                "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name", "grading-failed"}
 
 
 # ---------------------------------------------------------------- reading the file

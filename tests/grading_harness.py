@@ -57,6 +57,13 @@ def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float
                           env=env or os.environ.copy())
 
 
+def sandbox_works() -> bool:
+    """Whether ``./course grade``'s bubblewrap sandbox starts on this machine."""
+    from autograder.sandbox import probe
+
+    return probe(REPOSITORY) is None
+
+
 def answer_cells(notebook) -> dict:
     """{grade_id: cell} of the autograded answer cells."""
     found = {}

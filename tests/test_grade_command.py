@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grading_harness import UNTOUCHED, Course, grade, grade_cells
+from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
 from hostile_submissions import ASSIGNMENT, fill, load_catalogue, submit_all
 
 from autograder.job import REVIEW_FLAGS
@@ -43,12 +43,6 @@ def ledger(course: Course) -> dict:
 
 def feedback_text(course: Course, student: str, assignment: str = ASSIGNMENT) -> str:
     return course.feedback_text(student, assignment)
-
-
-def sandbox_works() -> bool:
-    from autograder.sandbox import probe
-
-    return probe(REPOSITORY) is None
 
 
 pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot start a sandbox here")

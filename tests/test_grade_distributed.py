@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,7 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grading_harness import UNTOUCHED, Course, grade
+from browser_harness import free_port
+from grading_harness import UNTOUCHED, Course, grade, sandbox_works
 
 from autograder.bench import LocalCluster
 
@@ -32,19 +32,7 @@ NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / 
 CRASHING_ATTENTION = "def attention(q, k, v):\n    return undefined_helper(q)\n"
 
 
-def sandbox_works() -> bool:
-    from autograder.sandbox import probe
-
-    return probe(REPOSITORY) is None
-
-
 pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot start a sandbox here")
-
-
-def free_port() -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return probe_socket.getsockname()[1]
 
 
 def environment() -> dict:
