@@ -278,7 +278,7 @@ class ResidualStreamExplorer(Explorer):
         found = {}
         with torch.enable_grad(), _one_thread():
             for style, step in self._steps().items():
-                xs = [self.x0.clone().requires_grad_(True)]
+                xs = [self.x0.clone().requires_grad_(True) * 1.0]  # not a leaf: a forward may write into x
                 for block in blocks:
                     xs.append(_checked("TransformerBlock.forward", call_learner(step, block, xs[-1]), self.x0.shape))
                 if not xs[-1].requires_grad:
@@ -320,7 +320,13 @@ class ResidualStreamExplorer(Explorer):
         with _one_thread():
             for style, xs in streams.items():
                 loss = (xs[layers].float() * self.probe).sum()
-                grads = torch.autograd.grad(loss, xs[: layers + 1], retain_graph=True, allow_unused=True)
+                try:
+                    grads = torch.autograd.grad(loss, xs[: layers + 1], retain_graph=True, allow_unused=True)
+                except RuntimeError as error:
+                    raise LearnerFunctionProblem(
+                        f"The gradient through your block could not be computed ({error}). Does its forward "
+                        "change a tensor in place (x += ...)? Write x = x + ... instead."
+                    ) from None
                 found[style] = [0.0 if g is None else float(g.double().norm()) / top for g in grads]
         self._gradients[key] = found
         return found

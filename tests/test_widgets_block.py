@@ -212,3 +212,12 @@ def test_gradient_panel_names_a_forward_that_cuts_the_gradient(solved):
             return super().forward(x, positions).detach()
     widget = ResidualStreamExplorer(Detached)
     assert "No gradient flows through TransformerBlock.forward" in widget.problem
+
+
+def test_gradient_panel_explains_a_forward_that_writes_into_x(solved):
+    class InPlace(solved.TransformerBlock):
+        def forward(self, x, positions=None):
+            x += self.attn(self.attn_norm(x), positions)
+            return x + self.mlp(self.mlp_norm(x))
+    widget = ResidualStreamExplorer(InPlace)
+    assert "Write x = x + ... instead" in widget.problem
