@@ -7,6 +7,7 @@ import math
 import ipywidgets as widgets
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import NullLocator
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
 
@@ -173,7 +174,7 @@ class ResidualStreamExplorer(Explorer):
         self.layers = widgets.IntSlider(12, min=1, max=max_layers, description="layers").add_class("layers-slider")
         self.gain = widgets.FloatSlider(1.0, min=0.25, max=2.0, step=0.25, description="sub-layer ×",
                                         readout_format=".2f").add_class("gain-slider")
-        super().__init__([self.layers, self.gain], figsize=(9.2, 5.8))
+        super().__init__([self.layers, self.gain], figsize=(9.2, 5.2))
         if self.skipped:
             return
         self.stats = widgets.HTML("").add_class("stream-stats")
@@ -200,6 +201,7 @@ class ResidualStreamExplorer(Explorer):
         self.input_axes.axhline(0.0, color="0.8", linewidth=0.8)
         self.gradient_axes.set_title("gradient reaching the stream after each layer, relative to the top (log scale)")
         self.gradient_axes.set_yscale("log")
+        self.gradient_axes.yaxis.set_minor_locator(NullLocator())  # decades only: fewer artists, faster draws
         self.gradient_axes.axhline(1.0, color="0.8", linewidth=0.8)
         self.loss_line = self.gradient_axes.axvline(12, color="0.3", linewidth=0.8, linestyle=":")
         self.loss_label = self.gradient_axes.text(12, 0.03, " the loss reads here", fontsize=8, color="0.3",
