@@ -7,6 +7,7 @@ import math
 import ipywidgets as widgets
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import NullLocator
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
 
@@ -46,12 +47,17 @@ def _load(module, state: dict, what: str) -> None:
         ) from None
 
 
-def _as_output(name: str, value, shape) -> torch.Tensor:
+def _checked(name: str, value, shape) -> torch.Tensor:
+    """``value`` itself (still in autograd's graph), once it is a tensor of the expected shape."""
     if not isinstance(value, torch.Tensor):
         raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
     if tuple(value.shape) != tuple(shape):
         raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
-    return value.detach().to(torch.float64)
+    return value
+
+
+def _as_output(name: str, value, shape) -> torch.Tensor:
+    return _checked(name, value, shape).detach().to(torch.float64)
 
 
 class SiluGateExplorer(Explorer):
@@ -135,23 +141,30 @@ class SiluGateExplorer(Explorer):
 
 
 class ResidualStreamExplorer(Explorer):
-    """The residual stream through a stack of the learner's blocks, pre-norm against post-norm.
+    """The residual stream through a stack of the learner's blocks: pre-norm, post-norm, no residual.
 
     ``TransformerBlock`` is the learner's class; the widget stacks ``max_layers``
     of them with random weights (matrices N(0, 1/fan_in), norm gains 1) and
-    pushes one random sequence through:
+    pushes one random sequence through the same parts in three arrangements:
 
     * pre-norm: each block's own ``forward`` (x + attn(norm(x)), then x + mlp(norm(x)));
-    * post-norm: the same block's parts in the original transformer's order,
-      x = attn_norm(x + attn(x)), then x = mlp_norm(x + mlp(x)).
+    * post-norm: the original transformer's order, x = attn_norm(x + attn(x)),
+      then x = mlp_norm(x + mlp(x));
+    * no residual: x = attn(attn_norm(x)), then x = mlp(mlp_norm(x)).
 
-    Left, the size of the stream (RMS of x, averaged over tokens) after each
-    layer; right, how much of the input x0 is still in it (cosine of x and x0).
-    "sub-layer ×" scales the output projections (attn.o_proj, mlp.w2), i.e.
-    how much each sub-layer adds.
+    Top: the size of the stream (RMS of x, averaged over tokens) and how much
+    of the input x0 is still in it (cosine of x and x0) after each layer, for
+    pre- and post-norm. Bottom: the gradient. A loss reads the stream after
+    the chosen number of layers (its dot product with a fixed random tensor,
+    so the gradient there has the size of that tensor), and the panel shows
+    the size of the gradient that reaches the stream after each earlier layer,
+    relative to the top: 1 means it arrives whole. "sub-layer ×" scales the
+    output projections (attn.o_proj, mlp.w2), i.e. how much each sub-layer adds.
     """
 
     css_class = "residual-stream-explorer"
+    STYLES = ("pre-norm", "post-norm", "no residual")
+    COLORS = {"pre-norm": "tab:green", "post-norm": "tab:red", "no residual": "tab:gray"}
 
     def __init__(self, TransformerBlock, max_layers: int = 24, d_model: int = 64, n_heads: int = 4,
                  n_kv_heads: int = 2, d_hidden: int = 172, tokens: int = 16, seed: int = 0):
@@ -161,30 +174,45 @@ class ResidualStreamExplorer(Explorer):
         self.layers = widgets.IntSlider(12, min=1, max=max_layers, description="layers").add_class("layers-slider")
         self.gain = widgets.FloatSlider(1.0, min=0.25, max=2.0, step=0.25, description="sub-layer ×",
                                         readout_format=".2f").add_class("gain-slider")
-        super().__init__([self.layers, self.gain], figsize=(8.5, 3.3))
+        super().__init__([self.layers, self.gain], figsize=(9.2, 5.2))
         if self.skipped:
             return
         self.stats = widgets.HTML("").add_class("stream-stats")
-        self.children = (*self.children[:-1], self.stats, self.children[-1])
+        self.gradient_stats = widgets.HTML("").add_class("gradient-stats")
+        self.children = (*self.children[:-1], self.stats, self.gradient_stats, self.children[-1])
         generator = torch.Generator().manual_seed(seed)
         self.x0 = torch.randn(1, tokens, d_model, generator=generator)
-        self.size_axes, self.input_axes = self.figure.subplots(1, 2)
+        self.probe = torch.randn(1, tokens, d_model, generator=generator)  # what the loss reads from the top
+        panels = self.figure.subplot_mosaic([["size", "input"], ["gradient", "gradient"]])
+        self.size_axes, self.input_axes, self.gradient_axes = panels["size"], panels["input"], panels["gradient"]
         self.lines, self.markers = {}, {}
-        for axes in (self.size_axes, self.input_axes):
-            for style, color in (("pre-norm", "tab:green"), ("post-norm", "tab:red")):
-                (line,) = axes.plot([], [], "-", color=color, linewidth=2, label=style)
-                (marker,) = axes.plot([], [], "o", color=color, markersize=7)
+        for axes, styles in ((self.size_axes, self.STYLES[:2]), (self.input_axes, self.STYLES[:2]),
+                             (self.gradient_axes, self.STYLES)):
+            for style in styles:
+                (line,) = axes.plot([], [], "-", color=self.COLORS[style], linewidth=2, label=style)
+                (marker,) = axes.plot([], [], "o", color=self.COLORS[style], markersize=7)
                 self.lines[axes, style], self.markers[axes, style] = line, marker
             axes.set_xlim(0, max_layers)
-            axes.set_xlabel("layer")
         self.size_axes.set_title("size of the stream: RMS of x")
         self.size_axes.set_ylim(0, 8)
         self.size_axes.legend(loc="upper left")
         self.input_axes.set_title("input still in the stream: cos(x, x₀)")
         self.input_axes.set_ylim(-0.2, 1.05)
         self.input_axes.axhline(0.0, color="0.8", linewidth=0.8)
+        self.gradient_axes.set_title("gradient reaching the stream after each layer, relative to the top (log scale)")
+        self.gradient_axes.set_yscale("log")
+        self.gradient_axes.yaxis.set_minor_locator(NullLocator())  # decades only: fewer artists, faster draws
+        self.gradient_axes.axhline(1.0, color="0.8", linewidth=0.8)
+        self.loss_line = self.gradient_axes.axvline(12, color="0.3", linewidth=0.8, linestyle=":")
+        self.loss_label = self.gradient_axes.text(12, 0.03, " the loss reads here", fontsize=8, color="0.3",
+                                                  va="bottom", transform=self.gradient_axes.get_xaxis_transform())
+        self.loss_label.set_in_layout(False)  # near the right edge it may overhang: no reason to shrink the axes
+        self.gradient_axes.set_xlabel("layer")
+        self.gradient_axes.legend(loc="upper right")
         self._blocks = None       # (the learner's class, its blocks, their base output weights)
         self._trajectories = {}   # gain -> {style: (rms list, cos list)}
+        self._gradients = {}      # (gain, layers) -> {style: gradient sizes after 0 .. layers layers}
+        self._streams = None      # (gain, {style: the stream after each layer, in autograd's graph})
         self.refresh()
 
     # -- the computation, with the learner's blocks
@@ -192,7 +220,7 @@ class ResidualStreamExplorer(Explorer):
         if self._blocks is None or self._blocks[0] is not self.TransformerBlock:
             with _one_thread():
                 self._blocks = self._build_blocks()
-            self._trajectories = {}
+            self._trajectories, self._gradients, self._streams = {}, {}, None
         return self._blocks[1], self._blocks[2]
 
     def _build_blocks(self):
@@ -204,6 +232,7 @@ class ResidualStreamExplorer(Explorer):
             for parameter in block.parameters():
                 if parameter.dim() >= 2:  # N(0, 1/fan_in): order-1 activations at every depth
                     parameter.data.normal_(0.0, parameter.shape[-1] ** -0.5, generator=generator)
+                parameter.requires_grad_(False)  # gradients are taken for the stream only
             missing = [name for name in ("attn_norm", "attn", "mlp_norm", "mlp") if not hasattr(block, name)]
             if missing or not hasattr(block.attn, "o_proj") or not hasattr(block.mlp, "w2"):
                 raise LearnerFunctionProblem(
@@ -214,35 +243,94 @@ class ResidualStreamExplorer(Explorer):
             base.append((block.attn.o_proj.weight.detach().clone(), block.mlp.w2.weight.detach().clone()))
         return self.TransformerBlock, blocks, base
 
-    def trajectories(self, gain: float) -> dict:
-        """{"pre-norm" | "post-norm": (RMS of x, cos(x, x0)) after 0 .. max_layers layers}."""
-        if gain in self._trajectories:
-            return self._trajectories[gain]
+    def _scaled_blocks(self, gain: float) -> list:
+        """The blocks, their output projections scaled by ``gain``."""
         blocks, base = self.blocks()
         for block, (o_proj, w2) in zip(blocks, base):
             block.attn.o_proj.weight.data.copy_(o_proj * gain)
             block.mlp.w2.weight.data.copy_(w2 * gain)
+        return blocks
 
+    @staticmethod
+    def _steps() -> dict:
+        """{style: step(block, x)}: the learner's forward, and its parts in two other orders."""
         def post_norm(block, x):
             x = block.attn_norm(x + block.attn(x))
             return block.mlp_norm(x + block.mlp(x))
 
+        def no_residual(block, x):
+            x = block.attn(block.attn_norm(x))
+            return block.mlp(block.mlp_norm(x))
+
+        return {
+            "pre-norm": _named("TransformerBlock.forward", lambda block, x: block(x)),
+            "post-norm": _named("your block's parts (post-norm order)", post_norm),
+            "no residual": _named("your block's parts (without the residual sums)", no_residual),
+        }
+
+    def streams(self, gain: float) -> dict:
+        """{style: [x0, x1, ..., x_max_layers]}, kept in autograd's graph for ``gradients``.
+
+        Only the current gain's streams are kept: the graphs are small (16 tokens,
+        24 layers), but one per gain would add up.
+        """
+        if self._streams is not None and self._streams[0] == gain:
+            return self._streams[1]
+        blocks = self._scaled_blocks(gain)
         found = {}
-        with torch.no_grad(), _one_thread():
-            for style, step in (("pre-norm", None), ("post-norm", post_norm)):
-                x, rms, cos = self.x0, [], []
-                for depth in range(self.max_layers + 1):
-                    if depth:
-                        if step is None:
-                            x = call_learner(_named("TransformerBlock.forward", blocks[depth - 1]), x)
-                        else:
-                            x = call_learner(_named("your block's parts (post-norm order)", step),
-                                             blocks[depth - 1], x)
-                        x = _as_output("TransformerBlock.forward", x, self.x0.shape).float()
-                    rms.append(float(x.pow(2).mean(-1).sqrt().mean()))
-                    cos.append(float(F.cosine_similarity(x, self.x0, dim=-1).mean()))
+        with torch.enable_grad(), _one_thread():
+            for style, step in self._steps().items():
+                xs = [self.x0.clone().requires_grad_(True) * 1.0]  # not a leaf: a forward may write into x
+                for block in blocks:
+                    xs.append(_checked("TransformerBlock.forward", call_learner(step, block, xs[-1]), self.x0.shape))
+                if not xs[-1].requires_grad:
+                    raise LearnerFunctionProblem(
+                        f"No gradient flows through {step.__name__}: does it detach x or run under "
+                        "torch.no_grad()? The gradient panel needs the forward pass as autograd sees it."
+                    )
+                found[style] = xs
+        self._streams = (gain, found)
+        return found
+
+    def trajectories(self, gain: float) -> dict:
+        """{"pre-norm" | "post-norm": (RMS of x, cos(x, x0)) after 0 .. max_layers layers}."""
+        if gain in self._trajectories:
+            return self._trajectories[gain]
+        streams = self.streams(gain)
+        found = {}
+        with torch.no_grad():
+            for style in self.STYLES[:2]:
+                xs = [x.detach().float() for x in streams[style]]
+                rms = [float(x.pow(2).mean(-1).sqrt().mean()) for x in xs]
+                cos = [float(F.cosine_similarity(x, self.x0, dim=-1).mean()) for x in xs]
                 found[style] = (rms, cos)
         self._trajectories[gain] = found
+        return found
+
+    def gradients(self, gain: float, layers: int) -> dict:
+        """{style: |dL/dx_l| / |dL/dx_top| for l = 0 .. layers}, L reading the stream after ``layers`` layers.
+
+        The loss is the stream's dot product with a fixed random tensor (``probe``),
+        so the gradient at the top is that tensor: 1 after dividing by its size.
+        """
+        key = (gain, layers)
+        if key in self._gradients:
+            return self._gradients[key]
+        streams = self.streams(gain)
+        top = float(self.probe.norm())
+        found = {}
+        with _one_thread():
+            for style, xs in streams.items():
+                loss = (xs[layers].float() * self.probe).sum()
+                try:
+                    grads = torch.autograd.grad(loss, xs[: layers + 1], retain_graph=True, allow_unused=True)
+                except RuntimeError as error:
+                    raise LearnerFunctionProblem(
+                        f"The gradient through your block could not be computed ({error}). Does its forward "
+                        "change a tensor in place (x += ...)? Write x = x + ... instead."
+                    ) from None
+                found[style] = [0.0 if g is None else float(g.double().norm()) / top for g in grads]
+        self._gradients[key] = found
         return found
 
     def update(self) -> None:
@@ -255,9 +343,34 @@ class ResidualStreamExplorer(Explorer):
                 self.markers[axes, style].set_data([depth], [values[depth]])
         top = max(max(rms) for rms, _ in found.values())
         self.size_axes.set_ylim(0, max(2.0, 1.1 * top))
+        gradients = self.gradients(gain, depth)
+        for style, sizes in gradients.items():
+            shown = [max(size, 1e-12) for size in sizes]  # a log axis has no 0
+            self.lines[self.gradient_axes, style].set_data(steps, shown)
+            self.markers[self.gradient_axes, style].set_data([0], [shown[0]])
+        self.loss_line.set_xdata([depth, depth])
+        self.loss_label.set_x(depth)
+        every = [max(size, 1e-12) for sizes in gradients.values() for size in sizes]
+        low, high = min(every), max(every)
+        # limits on whole powers of 10, so that small changes do not move the axis
+        self.gradient_axes.set_ylim(10.0 ** math.floor(math.log10(low) - 0.3),
+                                    10.0 ** math.ceil(math.log10(high) + 0.3))
         (pre_rms, pre_cos), (post_rms, post_cos) = found["pre-norm"], found["post-norm"]
         self.stats.value = (
             f"after {depth} layer{'s' if depth > 1 else ''} (sub-layer × {gain:.2f}): "
             f"<b>pre-norm</b> RMS {pre_rms[depth]:.2f}, cos(x, x₀) {pre_cos[depth]:.2f}; "
             f"<b>post-norm</b> RMS {post_rms[depth]:.2f}, cos(x, x₀) {post_cos[depth]:.2f}"
         )
+        self.gradient_stats.value = (
+            "gradient reaching the input x₀, relative to the top: "
+            + "; ".join(f"<b>{style}</b> {_times(gradients[style][0])}" for style in self.STYLES)
+        )
+
+
+def _times(ratio: float) -> str:
+    """A gradient ratio for people: 1.3×, 13×, 1600×, 0.0042×."""
+    if ratio == 0.0:
+        return "0 (no gradient arrives)"
+    if ratio >= 100:
+        return f"{ratio:,.0f}×"
+    return f"{ratio:.2g}×"

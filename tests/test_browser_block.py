@@ -29,13 +29,18 @@ def test_stream_explorer_goes_one_layer_deeper(ran_solution):
     notebook = ran_solution("06_transformer_block")
     explorer = notebook.only_explorer("residual-stream-explorer")
     stats = explorer.locator.locator(".stream-stats")
+    gradient = explorer.locator.locator(".gradient-stats")
     assert "after 12 layers" in stats.inner_text()
     assert "post-norm RMS 1.00" in stats.inner_text()  # squeezed back to 1 after every sub-layer
+    # the backward pass: with residuals the gradient reaches the input in scale, without it 103 times larger
+    assert "pre-norm 6.2×" in gradient.inner_text() and "no residual 103×" in gradient.inner_text()
 
     explorer.key_on("layers-slider", "ArrowRight")
     assert "after 13 layers" in stats.inner_text()
+    assert "pre-norm 6.2×" not in gradient.inner_text()  # one layer more between the loss and the input
     ARTIFACTS.mkdir(exist_ok=True)
     explorer.locator.screenshot(path=ARTIFACTS / "residual-stream-explorer.png")
 
     explorer.key_on("layers-slider", "ArrowLeft")
     assert "after 12 layers" in stats.inner_text()
+    assert "pre-norm 6.2×" in gradient.inner_text()

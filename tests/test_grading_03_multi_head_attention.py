@@ -440,3 +440,52 @@ def test_loop_check_reads_the_code_of_a_forward_pass_that_fails(ref):
     message = loop_check(learner_namespace(ref, failing_with_loop))
     assert "[mistake:head-loop]" in message and "could not be counted" in message
     assert "for h in range(self.n_heads)" in message
+
+
+# ---------------------------------------------------------------- the no-loop check's visible part
+
+def visible_loop_check(namespace) -> str:
+    """Run the visible half of the notebook's no-loop check cell in ``namespace``: what it prints."""
+    import contextlib
+    import io
+    import json
+    from pathlib import Path
+
+    notebook = Path(__file__).resolve().parent.parent / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+    cell = next(c for c in json.loads(notebook.read_text())["cells"]
+                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_no_head_loop")
+    source = "".join(cell["source"])
+    visible = source[source.index("### END HIDDEN TESTS") + len("### END HIDDEN TESTS"):]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(visible, "<test_no_head_loop>", "exec"), namespace)
+    return printed.getvalue()
+
+
+def test_visible_loop_check_passes_a_loop_free_forward(ref):
+    assert "the visible check passes" in visible_loop_check(learner_namespace(ref))
+
+
+def test_visible_loop_check_asks_for_multi_head_attention_first(ref):
+    """Unimplemented, there is nothing to count: the check fails and says what to do (it never 'passes')."""
+    for unimplemented in ("__init__", "forward"):
+        source = module_with("raise NotImplementedError()") if unimplemented == "forward" else """
+            class MultiHeadAttention(nn.Module):
+                def __init__(self, d_model, n_heads):
+                    super().__init__()
+                    raise NotImplementedError()
+            """
+        with pytest.raises(AssertionError, match="implement MultiHeadAttention first"):
+            visible_loop_check(learner_namespace(ref, source))
+
+
+def test_visible_loop_check_leaves_an_unfinished_helper_to_its_own_check(ref):
+    """MultiHeadAttention written, split_heads not: the hidden check judges the forward with the
+    reference helpers, so the visible part must not take those points away."""
+    source = textwrap.dedent("""
+        def split_heads(x, n_heads):
+            raise NotImplementedError()
+        """) + catalogue_reference_class()
+    printed = visible_loop_check(learner_namespace(ref, source))
+    assert "nothing to count until `split_heads` runs" in printed and "passes" not in printed
+    assert loop_check(learner_namespace(ref, source)) is None

@@ -249,6 +249,60 @@ class TestTransformerBlockGrading(GradingSuite):
                         return self.w2(F.silu(self.w1(x)).mul(self.w3(x)))
                 """,
         },
+        # A block is judged by what it computes, not by the classes of its parts: torch's own
+        # RMSNorm, or a norm and an MLP of the learner's own (other class names, the contract's
+        # parameter names), get full marks.
+        "torch-rmsnorm": {
+            "TransformerBlock": """
+                class TransformerBlock(nn.Module):
+                    def __init__(self, d_model, n_heads, n_kv_heads, d_hidden, norm_eps=1e-6, rope_base=10000.0):
+                        super().__init__()
+                        self.attn_norm = nn.RMSNorm(d_model, eps=norm_eps)
+                        self.attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, rope_base)
+                        self.mlp_norm = nn.RMSNorm(d_model, eps=norm_eps)
+                        self.mlp = SwiGLU(d_model, d_hidden)
+
+                    def forward(self, x, positions=None):
+                        x = x + self.attn(self.attn_norm(x), positions)
+                        return x + self.mlp(self.mlp_norm(x))
+                """,
+        },
+        "own-norm-and-mlp-classes": {
+            "TransformerBlock": """
+                class RootMeanSquareNorm(nn.Module):
+                    def __init__(self, size, eps):
+                        super().__init__()
+                        self.eps = eps
+                        self.weight = nn.Parameter(torch.ones(size))
+
+                    def forward(self, x):
+                        return self.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+                class GatedFeedForward(nn.Module):
+                    def __init__(self, d_model, d_hidden):
+                        super().__init__()
+                        self.w1 = nn.Linear(d_model, d_hidden, bias=False)
+                        self.w3 = nn.Linear(d_model, d_hidden, bias=False)
+                        self.w2 = nn.Linear(d_hidden, d_model, bias=False)
+
+                    def forward(self, x):
+                        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+                class TransformerBlock(nn.Module):
+                    def __init__(self, d_model, n_heads, n_kv_heads, d_hidden, norm_eps=1e-6, rope_base=10000.0):
+                        super().__init__()
+                        self.attn_norm = RootMeanSquareNorm(d_model, norm_eps)
+                        self.attn = GroupedQueryAttention(d_model, n_heads, n_kv_heads, rope_base)
+                        self.mlp_norm = RootMeanSquareNorm(d_model, norm_eps)
+                        self.mlp = GatedFeedForward(d_model, d_hidden)
+
+                    def forward(self, x, positions=None):
+                        h = x + self.attn(self.attn_norm(x), positions)
+                        return h + self.mlp(self.mlp_norm(h))
+                """,
+        },
     }
 
     wrong_answers = {

@@ -156,3 +156,69 @@ def test_stream_explorer_names_a_forward_that_raises(solved):
 def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved):
     for widget in (SiluGateExplorer(solved.SwiGLU), ResidualStreamExplorer(solved.TransformerBlock)):
         assert widget.skipped and not hasattr(widget, "figure")
+
+
+# ---------------------------------------------------------------- the residual stream explorer: gradients
+
+def test_gradient_arrives_whole_at_the_top_and_the_residual_keeps_it_in_scale(solved):
+    widget = ResidualStreamExplorer(solved.TransformerBlock)
+    gradients = widget.gradients(1.0, 24)
+    assert set(gradients) == {"pre-norm", "post-norm", "no residual"}
+    for sizes in gradients.values():
+        assert len(sizes) == 25 and sizes[24] == pytest.approx(1.0)  # the loss reads the top: the probe itself
+    # with the identity route of x + f(x), 24 layers change the gradient by a modest factor;
+    # without it, the product of 24 derivatives is off by orders of magnitude
+    assert 1.0 < gradients["pre-norm"][0] < 30 and 1.0 < gradients["post-norm"][0] < 30
+    assert gradients["no residual"][0] > 20 * max(gradients["pre-norm"][0], gradients["post-norm"][0])
+
+
+def test_smaller_sub_layers_bring_the_residual_gradient_towards_the_identity(solved):
+    widget = ResidualStreamExplorer(solved.TransformerBlock)
+    widget.layers.value = 24
+    widget.gain.value = 0.25  # d(x + f(x))/dx = I + f'(x), with f' small
+    gradients = widget.gradients(0.25, 24)
+    assert gradients["pre-norm"][0] < 3 and gradients["post-norm"][0] < 3
+    assert gradients["no residual"][0] > 100  # no identity to fall back on
+    assert "<b>no residual</b>" in widget.gradient_stats.value
+
+
+def test_gradient_panel_follows_the_layers_slider(solved):
+    widget = ResidualStreamExplorer(solved.TransformerBlock)
+    line = widget.lines[widget.gradient_axes, "pre-norm"]
+    assert list(line.get_xdata()) == list(range(13))
+    first = widget.gradient_stats.value
+    widget.layers.value = 5
+    steps, sizes = line.get_data()
+    assert list(steps) == [0, 1, 2, 3, 4, 5]
+    assert list(sizes) == pytest.approx(widget.gradients(1.0, 5)["pre-norm"])
+    assert list(widget.loss_line.get_xdata()) == [5, 5]
+    assert widget.gradient_stats.value != first
+    low, high = widget.gradient_axes.get_ylim()
+    assert low <= min(min(s) for s in widget.gradients(1.0, 5).values()) and high >= 1.0
+
+
+def test_gradient_panel_runs_the_learners_own_block(solved):
+    post_norm_block = next(m for m in BLOCK_MISTAKES if m.id == "block-post-norm").mutant(solved)
+    widget = ResidualStreamExplorer(post_norm_block)
+    gradients = widget.gradients(1.0, 12)
+    # "pre-norm" is the learner's forward, which here is post-norm
+    assert gradients["pre-norm"] == pytest.approx(gradients["post-norm"], rel=1e-5)
+    solved_pre_norm = ResidualStreamExplorer(solved.TransformerBlock).gradients(1.0, 12)["pre-norm"]
+    assert gradients["pre-norm"] != pytest.approx(solved_pre_norm, rel=1e-2)
+
+
+def test_gradient_panel_names_a_forward_that_cuts_the_gradient(solved):
+    class Detached(solved.TransformerBlock):
+        def forward(self, x, positions=None):
+            return super().forward(x, positions).detach()
+    widget = ResidualStreamExplorer(Detached)
+    assert "No gradient flows through TransformerBlock.forward" in widget.problem
+
+
+def test_gradient_panel_explains_a_forward_that_writes_into_x(solved):
+    class InPlace(solved.TransformerBlock):
+        def forward(self, x, positions=None):
+            x += self.attn(self.attn_norm(x), positions)
+            return x + self.mlp(self.mlp_norm(x))
+    widget = ResidualStreamExplorer(InPlace)
+    assert "Write x = x + ... instead" in widget.problem

@@ -135,8 +135,9 @@ def _pairs_not_interleaved(ref):
 
 APPLY_ROPE_MISTAKES = [
     Mistake("rope-half-split", "pairs (i, i + d/2) instead of neighbour pairs (2i, 2i+1)",
-            "That is the half-split layout of Hugging Face's rotate_half. Here pair i is x[..., 2i] and "
-            "x[..., 2i+1]: take x[..., 0::2] and x[..., 1::2], rotate, and put each pair back in place.",
+            "That is the half-split layout of Hugging Face's rotate_half. Here pair i is the neighbours "
+            "x_2i and x_2i+1: turn each even dimension together with the odd one right after it, and put "
+            "each turned pair back into those two dimensions.",
             _half_split_rope),
     Mistake("rope-positions-ignored", "the rotation ignores `positions` (it uses 0, 1, 2, ...)",
             "Rotate token t by positions[t] · θ_i: after 100 cached tokens the next token is at "
@@ -146,8 +147,8 @@ APPLY_ROPE_MISTAKES = [
             "x'_2i = x_2i cos - x_2i+1 sin and x'_2i+1 = x_2i sin + x_2i+1 cos: (1, 0) at angle 90° "
             "becomes (0, 1), a counter-clockwise turn.", _wrong_direction),
     Mistake("rope-pairs-not-interleaved", "the rotated pairs are concatenated, not put back in place",
-            "torch.cat((new_even, new_odd), -1) puts all the x'_2i first. Interleave them again: "
-            "torch.stack((new_even, new_odd), dim=-1).flatten(-2), or assign out[..., 0::2] and out[..., 1::2].",
+            "Concatenating the turned halves puts all the x'_2i first. Each pair goes back where it came "
+            "from: x'_2i into dimension 2i and x'_2i+1 into dimension 2i+1, interleaved as in the input.",
             _pairs_not_interleaved),
 ]
 
