@@ -476,7 +476,8 @@ GENERATE_MISTAKES = [
             _generate_mutant(logits_of=lambda model, tokens, prompt: model(tokens[:, -1:])[:, -1, :])),
     Mistake("sequence-not-extended", "the model reads the prompt at every step, not the growing sequence",
             "Append each new token to the sequence the model reads next: tokens = torch.cat([tokens, next_token], dim=1).",
-            _generate_mutant(logits_of=lambda model, tokens, prompt: model(prompt)[:, -1, :])),
+            _generate_mutant(logits_of=lambda model, tokens, prompt:
+                             model(prompt[:, -model.config.max_seq_len:])[:, -1, :])),
     Mistake("context-not-cropped", "feeds the whole sequence past max_seq_len",
             "The model was trained on at most max_seq_len tokens; beyond that it meets positions it never "
             "learned and its predictions fall apart. Feed the last max_seq_len tokens: "
