@@ -22,6 +22,7 @@ explorers build nothing and show one line, so grading does not pay for demos.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import os
@@ -55,6 +56,30 @@ def call_learner(function: Callable, *args: Any, **kwargs: Any) -> Any:
         raise LearnerFunctionProblem(
             f"`{name}` raised {type(error).__name__}: {error}. Fix it, run its cell, then run this one again."
         ) from None
+
+
+def unfinished_exercise(error: NotImplementedError) -> str:
+    """The learner's function or class that raised ``error``: where the innermost frame of its traceback is."""
+    traceback = error.__traceback__
+    while traceback is not None and traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    if traceback is None:
+        return "an exercise above"
+    code = traceback.tb_frame.f_code
+    qualname = getattr(code, "co_qualname", code.co_name).split("<locals>.")[-1]
+    return qualname.split(".")[0]  # Llama.forward -> Llama
+
+
+@contextlib.contextmanager
+def explain_unfinished():
+    """For a notebook's demo cell: while one of the learner's exercises is still
+    ``raise NotImplementedError()``, print which one instead of a traceback."""
+    try:
+        yield
+    except NotImplementedError as error:
+        name = unfinished_exercise(error)
+        print(f"This cell needs your `{name}`, which still raises NotImplementedError. Write it in its exercise "
+              "cell, run that cell, then run this one again.")
 
 
 def _is_widget_canvas(canvas) -> bool:

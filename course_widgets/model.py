@@ -9,7 +9,9 @@
   ``generate`` writing text, and the next character's distribution estimated
   from samples drawn with that same ``generate``.
 
-``load_corpus`` reads the course's small text corpus from ``assets/``.
+``load_corpus`` reads the course's small text corpus from ``assets/``;
+``loss_by_position`` and ``plot_loss_by_position`` show what a model does with
+a context longer than the one it was trained on.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import time
 from pathlib import Path
 
 import ipywidgets as widgets
+import matplotlib.pyplot as plt
 import torch
+import torch.nn.functional as F
 from matplotlib.patches import Rectangle
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
@@ -29,8 +33,8 @@ from .plots import heatmap
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CORPUS = ASSETS / "tiny_tales.txt"
 
-NO_MODEL = ("Train the model first: run the training cells above (they need your `ModelConfig` "
-            "and `Llama`), then run this cell again.")
+NO_MODEL = ("Train the model first: run the training cells above (they need your `ModelConfig`, `Llama`, "
+            "`lm_loss` and `lr_at`), then run this cell again.")
 
 
 def load_corpus(path: Path | str = CORPUS) -> str:
@@ -45,6 +49,58 @@ def show_char(c: str) -> str:
 
 def _is_model(model) -> bool:
     return isinstance(model, torch.nn.Module)
+
+
+def _context(model, tokens: torch.Tensor) -> torch.Tensor:
+    """The last max_seq_len tokens: what ``generate`` feeds the model."""
+    max_seq_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    return tokens if max_seq_len is None else tokens[:, -max_seq_len:]
+
+
+# ---------------------------------------------------------------- loss by position
+
+@torch.no_grad()
+def loss_by_position(model, windows: torch.Tensor, every: int = 8, chunk_size: int = 16) -> dict:
+    """The cross-entropy of predicting token t + 1 at each position t of ``windows`` (N, L).
+
+    ``whole``: (L - 1,) the model reads the whole window at once, so position t
+    sees t + 1 tokens, as many as there are (for t >= max_seq_len, more than it
+    was trained on). ``cropped``: at positions ``cropped_at`` (every ``every``-th
+    one from max_seq_len on), the model reads only the last max_seq_len tokens
+    up to t, as ``generate`` feeds it.
+    """
+    model.eval()
+    max_seq_len = model.config.max_seq_len
+    cropped_at = list(range(max_seq_len - 1, windows.shape[1] - 1, every))
+    whole, cropped = torch.zeros(windows.shape[1] - 1, dtype=torch.float64), torch.zeros(len(cropped_at))
+    for chunk in windows.split(chunk_size):  # a few windows at a time: the attention weights stay small
+        logits = model(chunk[:, :-1])                                               # (n, L-1, V)
+        losses = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
+        whole += losses.sum(dim=0).double()
+        for i, t in enumerate(cropped_at):
+            last = model(chunk[:, t + 1 - max_seq_len:t + 1])[:, -1]                   # (n, V): position t
+            cropped[i] += F.cross_entropy(last, chunk[:, t + 1], reduction="sum")
+    n = windows.shape[0]
+    return {"whole": whole / n, "cropped_at": cropped_at, "cropped": (cropped.double() / n).tolist(),
+            "max_seq_len": max_seq_len}
+
+
+def plot_loss_by_position(losses: dict, unigram_entropy: float | None = None):
+    """The held-out loss at each position: the whole text fed, or only the last max_seq_len tokens."""
+    figure, axes = plt.subplots(figsize=(8, 3.2), layout="constrained")
+    whole, max_seq_len = losses["whole"], losses["max_seq_len"]
+    axes.axvspan(-0.5, max_seq_len - 0.5, color="tab:green", alpha=0.08, label=f"training window ({max_seq_len})")
+    axes.plot(range(len(whole)), whole.numpy(), color="tab:blue", linewidth=1.2,
+              label="reading everything before it")
+    axes.plot(losses["cropped_at"], losses["cropped"], "o-", color="tab:orange", markersize=4,
+              label=f"reading only the last {max_seq_len} tokens")
+    if unigram_entropy is not None:
+        axes.axhline(unigram_entropy, linestyle="--", color="0.4", label=f"unigram entropy {unigram_entropy:.2f}")
+    axes.set_xlabel("position t (predicting the character after it)")
+    axes.set_ylabel("held-out loss (nats)")
+    axes.set_ylim(0, max(float(whole.max()), unigram_entropy or 0) * 1.1)
+    axes.legend(loc="upper left", fontsize=8)
+    return figure
 
 
 # ---------------------------------------------------------------- training loss
@@ -376,7 +432,7 @@ class GenerationExplorer(Explorer):
         """The next character's distribution after temperature and top-k (V,)."""
         temperature, top_k = self._settings()
         with torch.no_grad():
-            logits = self.model(prompt)[0, -1].double()
+            logits = self.model(_context(self.model, prompt))[0, -1].double()
         if temperature == 0:
             return torch.nn.functional.one_hot(logits.argmax(), logits.numel()).double()
         logits = logits / temperature

@@ -15,12 +15,15 @@ class ModelConfig:
     d_hidden: int
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
+    max_seq_len: int = 2048
 
     def __post_init__(self):
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise ValueError("bad head size")
         if self.n_heads % self.n_kv_heads:
             raise ValueError("bad groups")
+        if self.max_seq_len < 1:
+            raise ValueError("no context")
 '''
 
 CONFIG_UNCHECKED = '''
@@ -35,6 +38,10 @@ class ModelConfig:
     d_hidden: int
     norm_eps: float = 1e-6
     rope_base: float = 10000.0
+    max_seq_len: int = 2048
+
+    def __post_init__(self):
+        pass
 '''
 
 CONFIG_GROUPS_UNCHECKED = '''
@@ -49,11 +56,35 @@ class ModelConfig:
     d_hidden: int
     norm_eps: float = 1e-6
     rope_base: float = 10000.0
+    max_seq_len: int = 2048
 
     def __post_init__(self):
         head_dim, rest = divmod(self.d_model, self.n_heads)
         if rest != 0 or head_dim % 2 == 1:
             raise ValueError(f"d_model={self.d_model} cannot make {self.n_heads} heads of even size")
+        if self.max_seq_len <= 0:
+            raise ValueError("max_seq_len must be positive")
+'''
+
+CONFIG_CONTEXT_UNCHECKED = '''
+@dataclass
+class ModelConfig:
+    """The sizes of a LLaMA-style model."""
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_hidden: int
+    norm_eps: float = 1e-6
+    rope_base: float = 10000.0
+    max_seq_len: int = 2048
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads != 0 or (self.d_model // self.n_heads) % 2 != 0:
+            raise ValueError("d_model must split into n_heads heads of even size")
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError("n_heads must be a multiple of n_kv_heads")
 '''
 
 # ---------------------------------------------------------------- Llama answers
@@ -83,7 +114,7 @@ def generate_with(pick: str, body: str | None = None) -> str:
     """A generate whose sampling step (given the last logits, `logits`) is ``pick``."""
     body = body or '''
     for _ in range(max_new_tokens):
-        logits = model(tokens)[:, -1, :]
+        logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :]
         if temperature == 0:
             next_token = torch.argmax(logits, dim=-1, keepdim=True)
         else:
@@ -241,7 +272,7 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
         "generate-prompt-only": ("generate", generate_with(RIGHT_PICK, '''
     out = tokens
     for _ in range(max_new_tokens):
-        logits = model(tokens)[:, -1, :]
+        logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :]
         if temperature == 0:
             next_token = torch.argmax(logits, dim=-1, keepdim=True)
         else:
@@ -249,6 +280,88 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
         out = torch.cat((out, next_token), dim=1)
     return out
 '''), "sequence-not-extended"),
+        "generate-whole-sequence": ("generate", generate_with(RIGHT_PICK, '''
+    for _ in range(max_new_tokens):
+        logits = model(tokens)[:, -1, :]   # the model reads everything written so far
+        if temperature == 0:
+            next_token = torch.argmax(logits, dim=-1, keepdim=True)
+        else:
+{pick}
+        tokens = torch.cat((tokens, next_token), dim=1)
+    return tokens
+'''), "context-not-cropped"),
+        "generate-first-tokens": ("generate", generate_with(RIGHT_PICK, '''
+    for _ in range(max_new_tokens):
+        window = tokens[:, :model.config.max_seq_len]
+        logits = model(window)[:, -1, :]
+        if temperature == 0:
+            next_token = torch.argmax(logits, dim=-1, keepdim=True)
+        else:
+{pick}
+        tokens = torch.cat((tokens, next_token), dim=1)
+    return tokens
+'''), "context-keeps-first-tokens"),
+        "config-context-unchecked": ("ModelConfig", CONFIG_CONTEXT_UNCHECKED, "config-context-not-checked"),
+        "loss-no-shift": ("lm_loss", '''
+            def lm_loss(logits, tokens):
+                B, T, V = logits.shape
+                return F.cross_entropy(logits.reshape(B * T, V), tokens.reshape(B * T))
+            ''', "loss-no-shift"),
+        "loss-shift-wrong-way": ("lm_loss", '''
+            def lm_loss(logits, tokens):
+                V = logits.shape[-1]
+                return F.cross_entropy(logits[:, 1:].reshape(-1, V), tokens[:, :-1].reshape(-1))
+            ''', "loss-shift-wrong-way"),
+        "loss-wrong-axis": ("lm_loss", '''
+            def lm_loss(logits, tokens):
+                log_probs = torch.log_softmax(logits[:, :-1], dim=1)
+                picked = torch.gather(log_probs, 2, tokens[:, 1:].unsqueeze(-1))
+                return -picked.mean()
+            ''', "loss-wrong-axis"),
+        "loss-summed": ("lm_loss", '''
+            def lm_loss(logits, tokens):
+                V = logits.shape[-1]
+                return F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1), reduction="sum")
+            ''', "loss-summed"),
+        "lr-warmup-from-zero": ("lr_at", '''
+            def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                if step < warmup_steps:
+                    return max_lr * step / warmup_steps
+                if step >= total_steps:
+                    return min_lr
+                progress = (step - warmup_steps) / (total_steps - warmup_steps)
+                return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+            ''', "lr-warmup-off-by-one"),
+        "lr-constant-after-warmup": ("lr_at", '''
+            def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                if step < warmup_steps:
+                    return max_lr * (step + 1) / warmup_steps
+                return max_lr
+            ''', "lr-no-decay"),
+        "lr-cosine-runs-on": ("lr_at", '''
+            def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                if step < warmup_steps:
+                    return max_lr * (step + 1) / warmup_steps
+                t = (step - warmup_steps) / (total_steps - warmup_steps)
+                return min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi * t)) / 2
+            ''', "lr-decay-past-end"),
+        "lr-decays-to-zero": ("lr_at", '''
+            def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                if step < warmup_steps:
+                    return max_lr * (step + 1) / warmup_steps
+                if step >= total_steps:
+                    return 0.0
+                progress = (step - warmup_steps) / (total_steps - warmup_steps)
+                return max_lr * 0.5 * (1 + math.cos(math.pi * progress))
+            ''', "lr-min-lr-ignored"),
+        "lr-cosine-from-step-zero": ("lr_at", '''
+            def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                if step < warmup_steps:
+                    return max_lr * (step + 1) / warmup_steps
+                if step >= total_steps:
+                    return min_lr
+                return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * step / total_steps))
+            ''', "lr-decay-from-step-zero"),
         "load-no-permutation": ("load_hf_llama_state_dict", loader(
             'sd[p + "self_attn.q_proj.weight"]', 'sd[p + "self_attn.k_proj.weight"]'), "no-qk-permutation"),
         "load-converter-direction": ("load_hf_llama_state_dict", loader(
@@ -289,6 +402,22 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
     alternatives = {
         "frozen-sequential-categorical-indexing": {
+            "lm_loss": '''
+                def lm_loss(logits, tokens):
+                    # log-probabilities of the true next tokens, in float64, averaged by hand
+                    log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)
+                    picked = log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+                    return -picked.sum() / picked.numel()
+                ''',
+            "lr_at": '''
+                import numpy as np
+
+                def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                    if step >= warmup_steps:
+                        frac = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+                        return float(min_lr + (max_lr - min_lr) * (np.cos(np.pi * frac) + 1) / 2)
+                    return max_lr * (step + 1) / warmup_steps
+                ''',
             "ModelConfig": '''
                 from dataclasses import dataclass, field
 
@@ -302,6 +431,7 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                     d_hidden: int
                     norm_eps: float = field(default=1e-6)
                     rope_base: float = field(default=1e4)
+                    max_seq_len: int = field(default=2 ** 11)
 
                     def __post_init__(self):
                         problems = []
@@ -311,6 +441,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                             problems.append("the head size must be even")
                         if self.n_heads % self.n_kv_heads:
                             problems.append("n_heads must be a multiple of n_kv_heads")
+                        if not self.max_seq_len >= 1:
+                            problems.append("max_seq_len must be at least 1")
                         if problems:
                             raise ValueError("; ".join(problems))
                 ''',
@@ -335,8 +467,10 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                 @torch.no_grad()
                 def generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
                     seq = tokens
+                    window = model.config.max_seq_len
                     for _ in range(max_new_tokens):
-                        last = model(seq)[:, -1].double()
+                        start = max(0, seq.shape[1] - window)
+                        last = model(seq[:, start:])[:, -1].double()
                         if temperature == 0:
                             choice = last.topk(1, dim=-1).indices
                         else:
@@ -380,6 +514,19 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                 ''',
         },
         "positional-where-scatter-copy": {
+            "lm_loss": '''
+                def lm_loss(logits, tokens):
+                    losses = [F.cross_entropy(logits[b, :-1], tokens[b, 1:]) for b in range(logits.shape[0])]
+                    return torch.stack(losses).mean()   # every sequence has T - 1 predictions: the same mean
+                ''',
+            "lr_at": '''
+                def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                    step = torch.tensor(float(step))
+                    warm = max_lr * (step + 1) / max(warmup_steps, 1)
+                    progress = ((step - warmup_steps) / max(total_steps - warmup_steps, 1)).clamp(0.0, 1.0)
+                    cosine = min_lr + (max_lr - min_lr) * 0.5 * (1 + torch.cos(torch.pi * progress))
+                    return torch.where(step < warmup_steps, warm, cosine).item()
+                ''',
             "ModelConfig": '''
                 @dataclass
                 class ModelConfig:
@@ -391,12 +538,15 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                     d_hidden: int
                     norm_eps: float = 0.000001
                     rope_base: float = 10_000.0
+                    max_seq_len: int = 2048
 
                     def __post_init__(self):
                         if self.d_model % (2 * self.n_heads) != 0:
                             raise ValueError("d_model must split into n_heads heads of even size")
                         if self.n_heads % self.n_kv_heads != 0:
                             raise ValueError("n_heads must be a multiple of n_kv_heads")
+                        if self.max_seq_len < 1:
+                            raise ValueError("max_seq_len must be at least 1")
                 ''',
             "Llama": '''
                 class Llama(nn.Module):
@@ -424,7 +574,9 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                 def generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
                     with torch.no_grad():
                         for step in range(max_new_tokens):
-                            logits = model(tokens)[:, -1, :]
+                            T = tokens.size(1)
+                            context = tokens if T <= model.config.max_seq_len else tokens[:, T - model.config.max_seq_len:]
+                            logits = model(context)[:, -1, :]
                             if temperature == 0:
                                 new = logits.max(dim=-1).indices.unsqueeze(1)
                             else:
@@ -469,6 +621,14 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
     }
 
     wrong_answers = {
+        "lm_loss": '''
+            def lm_loss(logits, tokens):
+                return torch.tensor(1.0)
+            ''',
+        "lr_at": '''
+            def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+                return max_lr
+            ''',
         "ModelConfig": '''
             @dataclass
             class ModelConfig:

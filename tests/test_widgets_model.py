@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from autograder import reference
+from course_widgets import explain_unfinished
 from course_widgets.model import (CORPUS, NO_MODEL, AttentionMaps, GenerationExplorer, TrainingMonitor,
-                                  attention_maps, load_corpus)
+                                  attention_maps, load_corpus, loss_by_position, plot_loss_by_position)
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +230,76 @@ def test_generation_waits_for_model_and_generate_and_names_wrong_shapes(solved, 
         return solved.generate(model, tokens, max_new_tokens, temperature, top_k)[:, tokens.shape[1]:]
     widget = GenerationExplorer(only_new_tokens, model, encode, decode)
     assert "the prompt followed by the new token" in widget.problem
+
+
+def test_generation_bars_follow_what_generate_feeds_past_max_seq_len(solved, corpus):
+    """With a prompt longer than the model's context, the exact probabilities are those of
+    the last max_seq_len characters (what generate reads), not of the whole prompt."""
+    _, chars, encode, decode = corpus
+    torch.manual_seed(2)
+    short = solved.Llama(solved.ModelConfig(vocab_size=len(chars), d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                                            d_hidden=64, max_seq_len=4)).eval()
+    with torch.no_grad():
+        for p in short.parameters():  # large weights: sharp distributions that depend on the whole context
+            p.copy_(torch.randn_like(p))
+    prompt = "The keeper and the fox "
+    widget = GenerationExplorer(solved.generate, short, encode, decode, prompt=prompt, samples=2000)
+    with torch.no_grad():
+        cropped = torch.softmax(short(torch.tensor([encode(prompt[-4:])]))[0, -1].double() / 0.8, dim=-1)
+        whole = torch.softmax(short(torch.tensor([encode(prompt)]))[0, -1].double() / 0.8, dim=-1)
+    assert float((cropped - whole).abs().max()) > 0.1  # the two differ: the test means something
+    assert torch.allclose(widget.exact_probs, cropped, atol=1e-6)
+    assert float((widget.shares - widget.exact_probs).abs().max()) < 0.06
+
+
+# ---------------------------------------------------------------- loss by position
+
+def test_loss_by_position_reads_the_whole_window_or_its_last_max_seq_len(solved, corpus):
+    _, chars, encode, _ = corpus
+    torch.manual_seed(3)
+    model = solved.Llama(solved.ModelConfig(vocab_size=len(chars), d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                                            d_hidden=64, max_seq_len=8)).eval()
+    windows = torch.tensor([encode("Once upon a time there was a fox who lived by the sea.")[:30]] * 3)
+    windows[1] = windows[1].roll(5)
+    windows[2] = windows[2].roll(11)
+    losses = loss_by_position(model, windows, every=4, chunk_size=2)  # chunks of 2 and 1 windows
+    assert losses["max_seq_len"] == 8 and losses["whole"].shape == (29,)
+    assert losses["cropped_at"] == [7, 11, 15, 19, 23, 27]
+    with torch.no_grad():
+        logits = model(windows[:, :-1])
+    for t in (0, 7, 20):
+        expected = torch.nn.functional.cross_entropy(logits[:, t], windows[:, t + 1])
+        assert float(losses["whole"][t]) == pytest.approx(float(expected), abs=1e-5)
+    with torch.no_grad():
+        last = model(windows[:, 12:20])[:, -1]  # position 19 reading positions 12 .. 19
+    assert losses["cropped"][3] == pytest.approx(float(torch.nn.functional.cross_entropy(last, windows[:, 20])), abs=1e-5)
+    # at position max_seq_len - 1 both ways read the same characters
+    assert losses["cropped"][0] == pytest.approx(float(losses["whole"][7]), abs=1e-5)
+    figure = plot_loss_by_position(losses, unigram_entropy=3.0)
+    lines = figure.axes[0].get_lines()
+    assert list(lines[0].get_ydata()) == pytest.approx(losses["whole"].tolist())
+    assert list(lines[1].get_xdata()) == losses["cropped_at"]
+
+
+# ---------------------------------------------------------------- demos that wait for an exercise
+
+def test_a_demo_names_the_exercise_that_is_not_written_yet(capsys):
+    class ModelConfig:
+        def __post_init__(self):
+            raise NotImplementedError()
+
+    def generate(model):
+        raise NotImplementedError()
+
+    with explain_unfinished():
+        ModelConfig().__post_init__()
+    assert "needs your `ModelConfig`" in capsys.readouterr().out
+    with explain_unfinished():
+        generate(None)
+    assert "needs your `generate`" in capsys.readouterr().out
+    with pytest.raises(ValueError):  # a real error is not hidden
+        with explain_unfinished():
+            raise ValueError("a bug")
 
 
 def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved, model, corpus):

@@ -1,4 +1,4 @@
-"""Notebook 07: ModelConfig, Llama, generate, load_hf_llama_state_dict.
+"""Notebook 07: ModelConfig, Llama, generate, load_hf_llama_state_dict, lm_loss, lr_at.
 
 Tolerances:
 
@@ -18,6 +18,16 @@ Tolerances:
   catalogued mistake moves some share by more than 0.1.
 * ``load_hf_llama_state_dict`` is judged by the logits of the loaded model:
   the same 1e-4 as ``Llama``.
+* ``lm_loss`` is one cross-entropy averaged over a few dozen positions: float32
+  log-softmax and a mean in another order (or float64 throughout) move it by
+  about 1e-7; 1e-5 absolute and relative, while the catalogued mistakes move it
+  by more than 0.1 (a sum instead of a mean by a factor B (T - 1)).
+* ``lr_at`` is a few operations on floats: 1e-9 absolute and 1e-6 relative.
+  Python floats agree with any other order of the arithmetic to about 1e-16; a
+  learner who computes in float32 tensors is off by about 1e-7 relative, and by
+  up to 3e-8 absolute where the cosine nearly cancels (1 + cos close to 0)
+  with a min_lr of 0.1, which the relative tolerance covers. Every catalogued
+  mistake moves some rate by more than 1 % of max_lr (at least 1e-5 here).
 
 The mistakes' mutants are built from the reference module, as the mistaken
 code would behave; every case set makes each mutant differ from the reference
@@ -35,7 +45,8 @@ import torch.nn.functional as F
 from ..checks import Case, Exercise, Mistake, ModuleCase
 
 ASSIGNMENT = "07_llama"
-FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_hidden", "norm_eps", "rope_base")
+FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_hidden", "norm_eps", "rope_base",
+          "max_seq_len")
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -71,11 +82,13 @@ def model_config_cases(ref):
     sizes = dict(vocab_size=59, d_model=96, n_layers=3, n_heads=4, n_kv_heads=2, d_hidden=256)
     yield ConfigCase("ModelConfig(vocab_size=59, d_model=96, n_layers=3, n_heads=4, n_kv_heads=2, d_hidden=256) "
                      "(the defaults)", kwargs=sizes)
-    yield ConfigCase("every field by keyword, norm_eps=1e-5, rope_base=500000.0",
-                     kwargs=dict(sizes, norm_eps=1e-5, rope_base=500000.0))
+    yield ConfigCase("every field by keyword, norm_eps=1e-5, rope_base=500000.0, max_seq_len=64",
+                     kwargs=dict(sizes, norm_eps=1e-5, rope_base=500000.0, max_seq_len=64))
     yield ConfigCase("positional arguments ModelConfig(32000, 4096, 32, 32, 8, 14336)",
                      args=(32000, 4096, 32, 32, 8, 14336))
-    yield ConfigCase("positional arguments with norm_eps and rope_base", args=(100, 64, 2, 8, 1, 128, 1e-5, 500.0))
+    yield ConfigCase("positional arguments with norm_eps, rope_base and max_seq_len",
+                     args=(100, 64, 2, 8, 1, 128, 1e-5, 500.0, 4096))
+    yield ConfigCase("max_seq_len=1: a context of one token is small but possible", kwargs=dict(sizes, max_seq_len=1))
     yield ConfigCase("a multi-query model (n_kv_heads=1)", kwargs=dict(sizes, n_kv_heads=1))
     yield ConfigCase("d_model=30, n_heads=4: 30 does not split into 4 heads (must raise)",
                      kwargs=dict(sizes, d_model=30, n_heads=4), expect_error=True)
@@ -83,9 +96,11 @@ def model_config_cases(ref):
                      kwargs=dict(sizes, d_model=12, n_heads=4, n_kv_heads=2), expect_error=True)
     yield ConfigCase("n_heads=4, n_kv_heads=3: 4 query heads do not form groups of 3 (must raise)",
                      kwargs=dict(sizes, n_heads=4, n_kv_heads=3), expect_error=True)
+    yield ConfigCase("max_seq_len=0: a model that may read no token (must raise)",
+                     kwargs=dict(sizes, max_seq_len=0), expect_error=True)
 
 
-def _config_with(eps_default=1e-6, check_heads=True, check_groups=True, check_even=True):
+def _config_with(eps_default=1e-6, check_heads=True, check_groups=True, check_even=True, check_context=True):
     def mutant(ref):
         @dataclass
         class ModelConfig:
@@ -97,6 +112,7 @@ def _config_with(eps_default=1e-6, check_heads=True, check_groups=True, check_ev
             d_hidden: int
             norm_eps: float = eps_default
             rope_base: float = 10000.0
+            max_seq_len: int = 2048
 
             def __post_init__(self):
                 if check_heads and self.d_model % self.n_heads:
@@ -105,6 +121,8 @@ def _config_with(eps_default=1e-6, check_heads=True, check_groups=True, check_ev
                     raise ValueError("odd head size")
                 if check_groups and self.n_heads % self.n_kv_heads:
                     raise ValueError("groups")
+                if check_context and self.max_seq_len < 1:
+                    raise ValueError("context")
         return ModelConfig
     return mutant
 
@@ -125,10 +143,13 @@ MODEL_CONFIG_MISTAKES = [
             "Grouped-query attention needs n_heads to be a multiple of n_kv_heads (query head h reads "
             "kv head h // (n_heads / n_kv_heads)): raise ValueError when n_heads % n_kv_heads != 0.",
             _config_with(check_groups=False)),
+    Mistake("config-context-not-checked", "max_seq_len below 1 is accepted",
+            "A model must read at least one token: raise ValueError when max_seq_len < 1.",
+            _config_with(check_context=False)),
     Mistake("config-not-validated", "impossible sizes are accepted",
             "In __post_init__, raise ValueError when d_model % n_heads != 0, when d_model // n_heads is odd, "
-            "or when n_heads % n_kv_heads != 0.",
-            _config_with(check_heads=False, check_groups=False)),
+            "when n_heads % n_kv_heads != 0, or when max_seq_len < 1.",
+            _config_with(check_heads=False, check_groups=False, check_context=False)),
 ]
 
 
@@ -274,11 +295,19 @@ LLAMA_MISTAKES = [
 
 # ---------------------------------------------------------------- generate
 
+@dataclass
+class BigramConfig:
+    """What ``generate`` reads of a model's config: the context it was trained for."""
+
+    max_seq_len: int = 16
+
+
 class Bigram(torch.nn.Module):
     """A stand-in model whose next-token logits depend on the last token only."""
 
-    def __init__(self, table: torch.Tensor):
+    def __init__(self, table: torch.Tensor, max_seq_len: int = 16):
         super().__init__()
+        self.config = BigramConfig(max_seq_len)
         self.register_buffer("table", table)
 
     def forward(self, tokens):
@@ -316,10 +345,10 @@ class SamplingCase(Case):
                             for j in range(steps)])
 
 
-def _greedy_model(ref, seed):
+def _greedy_model(ref, seed, max_seq_len=2048):
     case = ModuleCase("", reference=ref.Llama, seed=seed,
                       init_args=(ref.ModelConfig(vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                                 d_hidden=64),))
+                                                 d_hidden=64, max_seq_len=max_seq_len),))
     return case.build(ref.Llama)
 
 
@@ -333,6 +362,11 @@ def generate_cases(ref):
     yield Case("greedy with top_k=5 (top-k changes nothing at temperature 0): prompt (3, 4), 4 new tokens",
                (model, torch.randint(0, 31, (3, 4), generator=g), 4), {"temperature": 0, "top_k": 5})
     yield Case("max_new_tokens=0 returns the prompt", (model, torch.randint(0, 31, (2, 3), generator=g), 0))
+    short = _greedy_model(ref, seed=6, max_seq_len=4)
+    yield Case("greedy on a Llama with max_seq_len=4: a prompt (2, 7) longer than its context, 5 new tokens",
+               (short, torch.randint(0, 31, (2, 7), generator=g), 5), {"temperature": 0})
+    yield Case("greedy on a Llama with max_seq_len=4: a prompt (2, 2) that grows past its context, 8 new tokens",
+               (short, torch.randint(0, 31, (2, 2), generator=g), 8), {"temperature": 0})
     bigram = Bigram(_bigram_table())
     prompt = torch.tensor([[3, 0]]).repeat(8000, 1)
     yield SamplingCase("8000 samples of 2 tokens at temperature 1 (shares of each token)",
@@ -360,7 +394,7 @@ def _sampler(logits_of, pick):
 
 
 def _last_logits(model, tokens, prompt):
-    return model(tokens)[:, -1, :]
+    return model(tokens[:, -model.config.max_seq_len:])[:, -1, :]
 
 
 def _top_k_mask(logits, top_k):
@@ -437,11 +471,23 @@ GENERATE_MISTAKES = [
             "torch.topk sorts in descending order: the k-th largest value is values[:, -1:], not values[:, :1].",
             _generate_mutant(pick=_top_k_threshold_at_largest)),
     Mistake("last-token-only", "the model only sees the last token at each step",
-            "Without a KV cache the model needs the whole sequence so far: call model(tokens) and take [:, -1].",
+            "Without a KV cache the model needs the sequence so far (its last max_seq_len tokens): "
+            "call model(tokens[:, -model.config.max_seq_len:]) and take [:, -1].",
             _generate_mutant(logits_of=lambda model, tokens, prompt: model(tokens[:, -1:])[:, -1, :])),
     Mistake("sequence-not-extended", "the model reads the prompt at every step, not the growing sequence",
             "Append each new token to the sequence the model reads next: tokens = torch.cat([tokens, next_token], dim=1).",
-            _generate_mutant(logits_of=lambda model, tokens, prompt: model(prompt)[:, -1, :])),
+            _generate_mutant(logits_of=lambda model, tokens, prompt:
+                             model(prompt[:, -model.config.max_seq_len:])[:, -1, :])),
+    Mistake("context-not-cropped", "feeds the whole sequence past max_seq_len",
+            "The model was trained on at most max_seq_len tokens; beyond that it meets positions it never "
+            "learned and its predictions fall apart. Feed the last max_seq_len tokens: "
+            "model(tokens[:, -model.config.max_seq_len:]).",
+            _generate_mutant(logits_of=lambda model, tokens, prompt: model(tokens)[:, -1, :])),
+    Mistake("context-keeps-first-tokens", "the context is the first max_seq_len tokens, not the last",
+            "tokens[:, :max_seq_len] keeps the start of the text and never looks at what was just written: "
+            "take the end, tokens[:, -model.config.max_seq_len:].",
+            _generate_mutant(logits_of=lambda model, tokens, prompt:
+                             model(tokens[:, :model.config.max_seq_len])[:, -1, :])),
 ]
 
 
@@ -557,13 +603,14 @@ _K = _pairs(lambda c: c.n_kv_heads)
 
 LOAD_MISTAKES = [
     Mistake("no-qk-permutation", "q_proj and k_proj are copied without the RoPE permutation",
-            "Hugging Face's rows are in half-split order; your apply_rope pairs neighbours. Reorder the rows of "
-            "q_proj (n_heads heads) and k_proj (n_kv_heads heads): "
-            "w.view(n_heads, 2, head_dim // 2, dim).transpose(1, 2).reshape(n_heads * head_dim, dim).",
+            "Hugging Face's rows are in half-split order; your apply_rope pairs neighbours. Within each head, "
+            "row i of the first half and row i of the second half must become rows 2i and 2i + 1: reorder "
+            "q_proj (n_heads heads) and k_proj (n_kv_heads heads) that way.",
             _loader()),
     Mistake("qk-permutation-inverted", "the q/k rows are permuted in the converter's direction",
-            "view(n_heads, head_dim // 2, 2, dim) turns neighbour pairs into half-split (what the conversion "
-            "to Hugging Face did); loading, you undo it: view(n_heads, 2, head_dim // 2, dim).transpose(1, 2).",
+            "Your reordering turns neighbour pairs into half-split order (what the conversion to Hugging Face "
+            "did); loading, you undo it: a head's rows 0..7 stored as half-split must come out as "
+            "[0, 4, 1, 5, 2, 6, 3, 7] (pair i = rows i and i + head_dim / 2), not [0, 2, 4, 6, 1, 3, 5, 7].",
             _loader(q_rows=_pairs(lambda c: c.n_heads, inverse=True), k_rows=_pairs(lambda c: c.n_kv_heads, inverse=True))),
     Mistake("k-permuted-with-query-heads", "k_proj is permuted as if it had n_heads heads",
             "Under grouped-query attention k_proj has n_kv_heads heads of size head_dim = d_model // n_heads: "
@@ -579,6 +626,115 @@ LOAD_MISTAKES = [
 ]
 
 
+# ---------------------------------------------------------------- lm_loss
+
+def lm_loss_cases(ref):
+    g = _generator(1010)
+    # V differs from T - 1 everywhere, so that a softmax over the wrong axis gives other numbers
+    for B, T, V, dtype in [(2, 9, 11, torch.float32), (1, 2, 5, torch.float32), (4, 6, 30, torch.float32),
+                           (3, 17, 7, torch.float64)]:
+        logits = (2.0 * torch.randn(B, T, V, generator=g)).to(dtype)
+        tokens = torch.randint(0, V, (B, T), generator=g)
+        kind = "" if dtype == torch.float32 else " in float64"
+        yield Case(f"logits ({B}, {T}, {V}){kind} and tokens ({B}, {T})", (logits, tokens))
+
+
+def _cross_entropy(logits, targets, reduction="mean"):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+
+
+def _loss_no_shift(ref):
+    return lambda logits, tokens: _cross_entropy(logits, tokens)
+
+
+def _loss_shifted_back(ref):
+    return lambda logits, tokens: _cross_entropy(logits[:, 1:], tokens[:, :-1])
+
+
+def _loss_wrong_axis(ref):
+    def lm_loss(logits, tokens):
+        log_probs = F.log_softmax(logits[:, :-1], dim=1)  # over positions instead of the vocabulary
+        return -log_probs.gather(-1, tokens[:, 1:, None]).mean()
+    return lm_loss
+
+
+def _loss_summed(ref):
+    return lambda logits, tokens: _cross_entropy(logits[:, :-1], tokens[:, 1:], reduction="sum")
+
+
+LM_LOSS_MISTAKES = [
+    Mistake("loss-no-shift", "the logits at t are scored against token t itself",
+            "Position t has read tokens 0..t, so predicting token t is copying: score logits[:, :-1] "
+            "against tokens[:, 1:] (the next token at every position).", _loss_no_shift),
+    Mistake("loss-shift-wrong-way", "the targets are shifted the wrong way (logits at t predict token t - 1)",
+            "Drop the last position's logits (nothing follows it) and the first token (nothing predicts it): "
+            "logits[:, :-1] against tokens[:, 1:], not logits[:, 1:] against tokens[:, :-1].",
+            _loss_shifted_back),
+    Mistake("loss-wrong-axis", "the softmax runs over the positions instead of the vocabulary",
+            "Each position's V logits are one distribution over the next token: the softmax (or "
+            "F.cross_entropy's class axis) is the last axis. F.cross_entropy wants (N, V) logits and (N,) "
+            "targets: flatten(0, 1) both.", _loss_wrong_axis),
+    Mistake("loss-summed", "the losses are summed instead of averaged",
+            "Average over every predicted position (and the batch), so the loss is in nats per token whatever "
+            "B and T are: reduction='mean', F.cross_entropy's default.", _loss_summed),
+]
+
+
+# ---------------------------------------------------------------- lr_at
+
+SCHEDULES = [  # (max_lr, warmup_steps, total_steps, min_lr)
+    (1e-3, 10, 100, 0.0),
+    (4e-3, 30, 250, 4e-4),
+    (0.5, 4, 20, 0.05),
+    (1.0, 0, 10, 0.1),  # no warm-up: the cosine starts at step 0
+]
+
+
+def lr_at_cases(ref):
+    for max_lr, warmup, total, min_lr in SCHEDULES:
+        steps = sorted({0, 1, max(warmup - 1, 0), warmup, (warmup + total) // 2, total - 1, total, total + 3,
+                        2 * total})
+        for step in steps:
+            yield Case(f"lr_at({step}, max_lr={max_lr}, warmup_steps={warmup}, total_steps={total}, "
+                       f"min_lr={min_lr})", (step, max_lr, warmup, total), {"min_lr": min_lr})
+
+
+def _schedule(warmup="after step", decay_from_warmup=True, decays=True, stops_at_end=True, floor=True):
+    """An lr_at built from its parts, the way a mistaken one behaves."""
+    def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
+        low = min_lr if floor else 0.0
+        if step < warmup_steps:
+            return max_lr * ((step + 1) if warmup == "after step" else step) / warmup_steps
+        if not decays:
+            return max_lr
+        if step >= total_steps and stops_at_end:
+            return low
+        start = warmup_steps if decay_from_warmup else 0
+        progress = (step - start) / max(1, total_steps - start)
+        return low + 0.5 * (max_lr - low) * (1 + math.cos(math.pi * progress))
+    return lambda ref: lr_at
+
+
+LR_AT_MISTAKES = [
+    Mistake("lr-warmup-off-by-one", "the warm-up starts at 0 (off by one)",
+            "At step 0 the rate must already be max_lr / warmup_steps (a step at rate 0 is wasted), and the "
+            "last warm-up step, warmup_steps - 1, reaches max_lr: max_lr * (step + 1) / warmup_steps.",
+            _schedule(warmup="at step")),
+    Mistake("lr-no-decay", "the rate stays at max_lr after the warm-up",
+            "After the warm-up the rate follows half a cosine from max_lr down to min_lr at total_steps.",
+            _schedule(decays=False)),
+    Mistake("lr-decay-past-end", "the cosine goes on past total_steps, so the rate rises again",
+            "cos(pi * progress) climbs back once progress passes 1: from total_steps on, return min_lr.",
+            _schedule(stops_at_end=False)),
+    Mistake("lr-min-lr-ignored", "the rate decays to 0 instead of to min_lr",
+            "The cosine runs between max_lr and min_lr: min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress)), "
+            "and min_lr from total_steps on.", _schedule(floor=False)),
+    Mistake("lr-decay-from-step-zero", "the cosine's progress is counted from step 0, not from the end of the warm-up",
+            "The decay starts where the warm-up ends: progress = (step - warmup_steps) / (total_steps - warmup_steps), "
+            "so the rate is exactly max_lr at step warmup_steps.", _schedule(decay_from_warmup=False)),
+]
+
+
 EXERCISES = {
     "ModelConfig": Exercise("ModelConfig", model_config_cases, atol=1e-12, rtol=0.0,
                             mistakes=MODEL_CONFIG_MISTAKES, properties=(_is_dataclass,)),
@@ -589,4 +745,6 @@ EXERCISES = {
                          mistakes=GENERATE_MISTAKES, properties=(_reproducible,)),
     "load_hf_llama_state_dict": Exercise("load_hf_llama_state_dict", load_cases, atol=1e-4, rtol=1e-4,
                                          depends_on=("ModelConfig", "Llama"), mistakes=LOAD_MISTAKES),
+    "lm_loss": Exercise("lm_loss", lm_loss_cases, atol=1e-5, rtol=1e-5, mistakes=LM_LOSS_MISTAKES),
+    "lr_at": Exercise("lr_at", lr_at_cases, atol=1e-9, rtol=1e-6, mistakes=LR_AT_MISTAKES),
 }
