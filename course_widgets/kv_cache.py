@@ -163,7 +163,9 @@ class CacheFilling(Explorer):
         grid[:rows, max(0, columns - T_new):columns] = NEW
         self.image.set_data(grid)
         labels = [f"{kind} head {g}" for kind in ("key", "value") for g in range(heads)][:rows]
-        self.grid_axes.set_yticks(range(self.max_rows), labels + [""] * (self.max_rows - rows))
+        self.grid_axes.set_yticks(range(rows), labels)
+        if self.grid_axes.get_ylim() != (rows - 0.5, -0.5):  # only the rows the cache holds
+            self.grid_axes.set_ylim(rows - 0.5, -0.5)
         self.grid_axes.set_title(f"step {step}: the cache returned {S} positions, {T_new} of them new", fontsize=10)
         computed_cached = np.cumsum([prompt] + [1] * step)
         computed_uncached = np.cumsum([prompt + s for s in range(step + 1)])
