@@ -1,0 +1,91 @@
+"""Notebook 08's reference against 07's model, and its catalogue against itself.
+
+* The reference ``forward_cached``, fed a prompt and then one token at a time,
+  gives the logits of one full forward pass; ``generate_cached`` gives
+  ``generate``'s tokens, greedy and sampled under the same seed, and refuses a
+  text longer than ``max_seq_len`` with a ValueError that names it.
+* Every catalogued mistake's mutant differs from the reference on some case
+  and from every other mutant of its exercise, and a learner who wrote exactly
+  the mutant is told that mistake.
+* A correct generate_cached that recomputes the sequence (07's generate) is
+  told so by name, though its tokens are right.
+"""
+import pytest
+import torch
+
+from autograder import reference
+from autograder.checks import close, diagnose
+from autograder.exercises.kv_cache import EXERCISES, _reads_new_tokens_only
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference.load("08_kv_cache")
+
+
+def randomised(model, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=generator)
+            p.copy_(noise * p.shape[-1] ** -0.5 if p.dim() == 2 else 1 + 0.3 * noise)
+    return model.eval()
+
+
+def test_cached_forward_token_by_token_equals_one_full_forward(ref):
+    model = randomised(ref.Llama(ref.ModelConfig(53, 48, 3, 6, 2, 96, rope_base=500.0)))
+    tokens = torch.randint(0, 53, (2, 15), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens)
+    cache = ref.KVCache()
+    pieces = [ref.forward_cached(model, tokens[:, :4], cache)]
+    pieces += [ref.forward_cached(model, tokens[:, t:t + 1], cache) for t in range(4, 12)]
+    pieces.append(ref.forward_cached(model, tokens[:, 12:], cache))
+    assert cache.length == 15
+    assert float((torch.cat(pieces, dim=1) - full).abs().max()) < 1e-5
+    # the cache keeps G = 2 heads per layer, as kv_cache_bytes counts them
+    assert [tuple(cache.keys[i].shape) for i in range(3)] == [(2, 2, 15, 8)] * 3
+    held = sum(t.numel() * t.element_size() for store in (cache.keys, cache.values) for t in store.values())
+    assert held == ref.kv_cache_bytes(3, 2, 8, 15, batch_size=2, bytes_per_value=4)
+
+
+def test_cached_generation_gives_generates_tokens(ref):
+    model = randomised(ref.Llama(ref.ModelConfig(41, 32, 2, 4, 1, 64, max_seq_len=40)), seed=2)
+    prompt = torch.randint(0, 41, (3, 6), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(ref.generate_cached(model, prompt, 34, temperature=0), ref.generate(model, prompt, 34, temperature=0))
+    runs = []
+    for generate in (ref.generate, ref.generate_cached):
+        torch.manual_seed(11)
+        runs.append(generate(model, prompt, 20, temperature=0.9, top_k=8))
+    assert torch.equal(runs[0], runs[1])
+    with pytest.raises(ValueError, match="max_seq_len=40"):
+        ref.generate_cached(model, prompt, 35)
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_each_mutant_is_recognised_and_distinct(ref, name):
+    exercise = EXERCISES[name]
+    cases = list(exercise.cases(ref))
+    expected = [case.run(getattr(ref, name)) for case in cases]
+    outputs = {}
+    for mistake in exercise.mistakes:
+        mutant = mistake.mutant(ref)
+        results = [case.run(mutant) for case in cases]
+        assert any(close(r, e, exercise.atol, exercise.rtol) for r, e in zip(results, expected)), mistake.id
+        message = diagnose(exercise, mutant, getattr(ref, name), ref, cases)
+        assert message and f"[mistake:{mistake.id}]" in message, (mistake.id, message)
+        outputs[mistake.id] = results
+    ids = list(outputs)
+    for a in range(len(ids)):
+        for b in range(a + 1, len(ids)):
+            assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[ids[a]], outputs[ids[b]])), \
+                (ids[a], ids[b])
+
+
+def test_recomputing_the_sequence_is_named_though_its_tokens_are_right(ref):
+    def calls_generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
+        return ref.generate(model, tokens, max_new_tokens, temperature, top_k)
+
+    message = _reads_new_tokens_only(calls_generate)
+    assert message and "[mistake:recomputes-sequence]" in message
+    assert _reads_new_tokens_only(ref.generate_cached) is None
