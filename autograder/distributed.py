@@ -29,8 +29,6 @@ the command stops with nothing written.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import shutil
 import tempfile
@@ -40,26 +38,13 @@ from pathlib import Path
 
 from distributed import WorkerPlugin
 
+from .identity import code_digest
 from .job import WORKERS_DIED, Job, Result, failed_result, grade_submission
 from .sandbox import Limits, Zygote, claim_slot, probe
 
 PACKAGE = Path(__file__).resolve().parent
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
 WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
-
-
-@functools.cache
-def code_digest() -> str:
-    """What grading code this process runs: the grader's and the widgets' Python files, read
-    once (a checkout updated under a running worker still counts as what it loaded)."""
-    import course_widgets
-
-    hasher = hashlib.sha256()
-    for package in (PACKAGE, Path(course_widgets.__file__).resolve().parent):
-        for path in sorted(package.rglob("*.py")):
-            hasher.update(str(path.relative_to(package.parent)).encode())
-            hasher.update(path.read_bytes())
-    return hasher.hexdigest()
 
 
 # ---------------------------------------------------------------- on the workers

@@ -1,12 +1,11 @@
 """Grade a whole class in one command: ``./course grade`` (``python -m autograder.grade``).
 
-    ./course grade                         # every assignment, from autograder/submitted/
+    ./course grade                         # every assignment, from coursework/submitted/
     ./course grade 01_attention            # one assignment
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
     ./course grade --workers 4 --cell-timeout 60 --force
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
-    python -P -m autograder.grade ...      # the same, from a course folder (-P: the folder's own
-                                           # autograder/ work folder must not shadow the package)
+    python -m autograder.grade ...         # the same, from a course folder (its nbgrader_config.py)
 
 Steps: find the submissions (``collect``), make sure the gradebook knows the
 assignments (nbgrader's ``generate_assignment``, into a scratch release folder),
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from . import reference
 from .collect import collect
+from .identity import code_digest
 from .job import AssignmentSpec, Job, Result, grade_in_worker, worker_init, worker_pid
 from .sandbox import Limits, probe
 from .tamper import GradebookView
@@ -138,10 +138,9 @@ class Course:
         for part in (json.dumps(view.__dict__, default=lambda o: o.__dict__, sort_keys=True), released,
                      json.dumps(cells), json.dumps(files, sort_keys=True), json.dumps(arguments), repr(limits)):
             hasher.update(part.encode())
-        for path in sorted(PACKAGE.rglob("*.py")):
-            hasher.update(path.read_bytes())
+        hasher.update(code_digest().encode())
         return AssignmentSpec(assignment, notebook, view, released, cells, expected, files, arguments,
-                              hasher.hexdigest())
+                              hasher.hexdigest(), self.config)
 
 
 def _student_version(course: Course, assignment: str, notebook: str) -> str:
@@ -280,7 +279,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="./course grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
     parser.add_argument("--from", dest="source", type=Path,
-                        help="a folder or a .zip of submissions (default: the course's autograder/submitted)")
+                        help="a folder or a .zip of submissions (default: the course's coursework/submitted)")
     parser.add_argument("--workers", type=int, default=default_workers(),
                         help="parallel workers on this machine (default: cores)")
     parser.add_argument("--scheduler", metavar="ADDRESS",
@@ -297,8 +296,8 @@ def parse_args(argv):
     parser.add_argument("--cell-timeout", type=float, help="seconds per cell (default: nbgrader's Execute.timeout, 30)")
     parser.add_argument("--notebook-timeout", type=float, default=Limits.notebook_seconds, help="seconds per notebook")
     parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory per notebook kernel")
-    parser.add_argument("--report", type=Path, help="class report (default: autograder/reports/class-report.html)")
-    parser.add_argument("--csv", type=Path, help="grades CSV (default: autograder/reports/grades.csv)")
+    parser.add_argument("--report", type=Path, help="class report (default: coursework/reports/class-report.html)")
+    parser.add_argument("--csv", type=Path, help="grades CSV (default: coursework/reports/grades.csv)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -314,12 +313,6 @@ def main(argv=None) -> int:
     _quiet_library_warnings()
     # nbgrader runs tools such as alembic by name: this interpreter's scripts come first.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    import autograder
-
-    if Path(getattr(autograder, "__file__", None) or "/").parent != PACKAGE:
-        print("grade: the course folder's autograder/ shadows the autograder package: run "
-              "`python -P -m autograder.grade` (or ./course grade)", file=sys.stderr)
-        return 2
     root = Path.cwd() if (Path.cwd() / "nbgrader_config.py").is_file() else PACKAGE.parent
     course = Course(root, args.db)
     say = (lambda text: print(text, file=sys.stderr)) if not args.quiet else (lambda text: None)
@@ -418,6 +411,7 @@ def main(argv=None) -> int:
                 return 130
             finally:
                 progress.close()
+        writer.close()
         trace("last result committed")
         pool.close()  # the workers wind down while the CSV and the report are written
         reports = Path(course.coursedir.root) / "reports"

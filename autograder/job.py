@@ -42,6 +42,7 @@ class AssignmentSpec:
     files: dict = field(default_factory=dict)  # other released files: relative path -> hex
     kernel_arguments: list = field(default_factory=list)
     fingerprint: str = ""                 # changes when anything that affects grading changes
+    config: object = None                 # the course's nbgrader configuration (the feedback exporter's)
 
 
 @dataclass
@@ -78,10 +79,12 @@ class Result:
     fingerprint: str
     graded: bool                      # False: rejected (bad input), graded as an empty submission
     notebook_json: str                # the autograded notebook
+    feedback_html: str = ""           # its feedback page (the worker's own grades; "" when not rendered)
     messages: list = field(default_factory=list)   # for the instructor
     flags: list = field(default_factory=list)
     checks: list = field(default_factory=list)     # CheckRecord
-    scores: dict = field(default_factory=dict)     # grade id -> [score, max] (the gradebook decides)
+    scores: dict = field(default_factory=dict)     # grade id -> [score, max]: SaveAutoGrades' auto scores
+    comments: dict = field(default_factory=dict)   # answer cell id -> SaveAutoGrades' auto comment (or None)
     cell_seconds: float = 0.0
     cell_cpu_seconds: float = 0.0
     kernel_seconds: float = 0.0
@@ -160,9 +163,10 @@ def failed_result(job: Job, message: str) -> Result:
     ``message`` for the student and the instructor, flagged for review. Its empty
     fingerprint makes the next run try it again."""
     nb = rejected_notebook(job.spec, message)
+    scores, comments = grades_of(nb)
     return Result(job.student, job.assignment, job.notebook, job.digest, "", False, nbformat.writes(nb),
                   messages=[*job.notes, message], flags=[*job.flags, "not-graded", "grading-failed"],
-                  scores=scores_of(nb), timestamp=job.timestamp)
+                  scores=scores, comments=comments, timestamp=job.timestamp)
 
 
 # ---------------------------------------------------------------- verdicts into outputs
@@ -207,15 +211,40 @@ def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
     return records, flags
 
 
-def scores_of(nb) -> dict:
-    from nbgrader.utils import determine_grade, is_grade
+def grades_of(nb) -> tuple[dict, dict]:
+    """What nbgrader's ``SaveAutoGrades`` writes for this autograded notebook, by its rules:
+    ({grade cell id: [auto score, max points]}, {answer or task cell id: auto comment})."""
+    from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
-    found = {}
+    scores, comments = {}, {}
     for cell in nb.cells:
         if is_grade(cell):
             score, maximum = determine_grade(cell)
-            found[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
-    return found
+            scores[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
+        if is_solution(cell) or is_task(cell):
+            untouched = cell.metadata.nbgrader.get("checksum", None) == compute_checksum(cell)
+            comments[cell.metadata["nbgrader"]["grade_id"]] = "No response." if untouched and not is_task(cell) else None
+    return scores, comments
+
+
+_pages: dict = {}
+
+
+def finish(result: Result, nb, spec: AssignmentSpec, started: float) -> Result:
+    """Everything that is a function of the graded notebook, done here where it was graded:
+    its JSON, nbgrader's scores and comments, and the feedback page rendered from them."""
+    result.notebook_json = nbformat.writes(nb)
+    result.scores, result.comments = grades_of(nb)
+    if spec.config is not None:
+        from .feedback import FeedbackPages
+
+        key = json.dumps(spec.config, sort_keys=True, default=repr)
+        if key not in _pages:
+            _pages[key] = FeedbackPages(spec.config)
+        result.feedback_html = _pages[key].render(result.notebook_json, result.student, result.assignment,
+                                                  result.notebook, grades=result.scores, comments=result.comments)
+    result.seconds = time.monotonic() - started
+    return result
 
 
 # ---------------------------------------------------------------- the unit of work
@@ -251,10 +280,7 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
         result.flags.append("not-graded")
         if not any(str(rejection) in message for message in result.messages):
             result.messages.append(str(rejection))
-        result.notebook_json = nbformat.writes(nb)
-        result.scores = scores_of(nb)
-        result.seconds = time.monotonic() - started
-        return result
+        return finish(result, nb, spec, started)
 
     key = (spec.assignment, spec.fingerprint)
     if key not in judges:
@@ -290,10 +316,7 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     result.cell_cpu_seconds = execution.cell_cpu_seconds
     result.kernel_seconds = execution.kernel_seconds
     result.kernels = execution.kernels
-    result.notebook_json = nbformat.writes(nb)
-    result.scores = scores_of(nb)
-    result.seconds = time.monotonic() - started
-    return result
+    return finish(result, nb, spec, started)
 
 
 # ---------------------------------------------------------------- the worker process

@@ -7,8 +7,7 @@ every notebook. The sandbox has
 
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
-  environment, the course's own Python packages (``autograder`` as source files
-  only, the widgets), ``assets/``; nothing else of the course, so no
+  environment, the course's own Python packages (``autograder``, the widgets), ``assets/``; nothing else of the course, so no
   ``solutions/``, no gradebook, no submissions or feedback;
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
@@ -121,21 +120,6 @@ def _python_roots() -> list[Path]:
     return [r for r in kept if not r.is_relative_to(Path("/usr"))]
 
 
-def _package_files() -> list[Path]:
-    """The ``autograder`` package as source files only (its folder is also nbgrader's
-    course root, with the gradebook and the submissions, which must stay outside)."""
-    files = []
-    stack = [PACKAGE]
-    while stack:
-        folder = stack.pop()
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir() and (entry / "__init__.py").is_file():
-                stack.append(entry)
-            elif entry.suffix == ".py" and entry.is_file():
-                files.append(entry)
-    return files
-
-
 def _widgets_folder() -> Path | None:
     spec = importlib.util.find_spec("course_widgets")
     if spec is None or not spec.submodule_search_locations:
@@ -171,8 +155,7 @@ def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits:
         binds.append(("--ro-bind", path, path))
     for root in _python_roots():
         binds.append(("--ro-bind", root, root))
-    for path in _package_files():
-        binds.append(("--ro-bind", path, path))
+    binds.append(("--ro-bind", PACKAGE, PACKAGE))  # code only: the class's data is in coursework/
     widgets = _widgets_folder()
     if widgets is not None:
         binds.append(("--ro-bind", widgets, widgets))

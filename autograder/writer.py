@@ -2,21 +2,30 @@
 
 Only the grading command's main process writes, one result at a time, so
 parallel workers never corrupt a SQLite gradebook (a Postgres ``db_url`` works
-the same way). Each step is nbgrader's own:
+the same way). Everything that is a function of one graded notebook was made by
+the worker that graded it (``job.finish``): the autograded notebook, its
+scores and comments by nbgrader's ``SaveAutoGrades`` rules, and its feedback
+page, rendered by nbgrader's ``GenerateFeedback`` exporter with the course's
+preprocessors (``feedback.GivenGrades`` in place of ``GetGrades``, the CSS
+header, ``feedback.HideHiddenTests``). Committing a result is then cheap, in
+one gradebook session kept open for the whole run and one transaction per
+notebook:
 
-- ``SaveAutoGrades`` scores the graded notebook's cells into the gradebook,
-  ``AssignLatePenalties`` applies the course's late policy;
-- feedback is nbgrader's ``GenerateFeedback`` exporter with the course's
-  configured preprocessors (``GetGrades``, the CSS header and
-  ``feedback.HideHiddenTests``), so it shows each check's outcome, points and
-  message and never the hidden test code.
-
-Files are written whole or not at all (a temporary file renamed into place),
-and the ledger (``autograder/.work/grading.sqlite``) records a submission as
-graded only after its grades, notebook and feedback are in place: killing the
-command at any moment and running it again grades exactly what is missing and
-ends with the same gradebook as one clean run. A rerun skips submissions whose
-file and grading setup (``AssignmentSpec.fingerprint``) have not changed.
+- the student, the submission (with its timestamp), the scores and comments
+  (``SaveAutoGrades``' rules: a grade a human changed, or one the autograder
+  cannot give, needs manual grading), the late penalty (``AssignLatePenalties``'
+  plugin, as configured), the review flag;
+- the graded notebook and the feedback page, each written whole or not at all
+  (a temporary file renamed into place). When the gradebook knows more than the
+  worker could (a score or comment given by hand, a late penalty) the page is
+  rendered again here, with nbgrader's own ``GetGrades``, exactly as
+  ``nbgrader generate_feedback`` would;
+- the ledger (``coursework/.work/grading.sqlite``), last: a submission counts
+  as graded only once its grades, notebook and feedback are in place, so
+  killing the command at any moment and running it again grades exactly what is
+  missing and ends with the same gradebook as one clean run. A rerun skips
+  submissions whose file and grading setup (``AssignmentSpec.fingerprint``)
+  have not changed.
 """
 from __future__ import annotations
 
@@ -27,8 +36,6 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-
-import nbformat
 
 from .job import REVIEW_FLAGS, Result
 
@@ -92,49 +99,82 @@ class Writer:
     """Commits results; the only place that writes grades, graded notebooks and feedback."""
 
     def __init__(self, coursedir, config, db_url: str, ledger: Ledger):
-        from nbgrader.converters import GenerateFeedback
+        from nbgrader.api import Gradebook
+        from nbgrader.preprocessors import AssignLatePenalties
 
         self.coursedir = coursedir
+        self.config = config
         self.db_url = db_url
         self.ledger = ledger
-        converter = GenerateFeedback(coursedir=coursedir, config=config)
-        self.exporter = converter.exporter_class(parent=converter, config=converter.config)
-        for preprocessor in converter.preprocessors:
-            self.exporter.register_preprocessor(preprocessor)
-        self.config = config
+        self.gradebook = Gradebook(db_url)
+        self.late = AssignLatePenalties(config=config)
+        self.late.init_plugin()
+        self.students: set[str] = set()
+        self._pages = None
+
+    def close(self) -> None:
+        self.gradebook.close()
 
     def _path(self, folder: str, result: Result, extension: str) -> Path:
         return Path(self.coursedir.format_path(folder, result.student, result.assignment)) / (
             result.notebook + extension)
 
     def commit(self, result: Result) -> None:
-        from nbgrader.api import Gradebook
-        from nbgrader.preprocessors import AssignLatePenalties, SaveAutoGrades
-        from nbgrader.utils import parse_utc
-
-        nb = nbformat.reads(result.notebook_json, as_version=4)
-        with Gradebook(self.db_url) as gradebook:
-            gradebook.update_or_create_student(result.student)
-            if result.timestamp:
-                gradebook.update_or_create_submission(result.assignment, result.student,
-                                                      timestamp=parse_utc(result.timestamp))
-            else:
-                gradebook.update_or_create_submission(result.assignment, result.student)
+        needs_page = self._grades(result)
         write_atomically(self._path(self.coursedir.autograded_directory, result, ".ipynb"), result.notebook_json)
-        resources = {"nbgrader": {"student": result.student, "assignment": result.assignment,
-                                  "notebook": result.notebook, "db_url": self.db_url}}
-        nb, resources = SaveAutoGrades(parent=None, config=self.config).preprocess(nb, resources)
-        nb, resources = AssignLatePenalties(config=self.config).preprocess(nb, resources)
-        review = any(flag in REVIEW_FLAGS for flag in result.flags)
-        if review:
-            with Gradebook(self.db_url) as gradebook:
-                notebook = gradebook.find_submission_notebook(result.notebook, result.assignment, result.student)
-                if not notebook.flagged:
-                    notebook.flagged = True  # never cleared here: a human's flag stays
-                    gradebook.db.commit()
-        feedback_resources = {"unique_key": result.notebook, "output_files_dir": f"{result.notebook}_files",
-                              "nbgrader": dict(resources["nbgrader"])}
-        html, _ = self.exporter.from_notebook_node(nbformat.reads(result.notebook_json, as_version=4),
-                                                   resources=feedback_resources)
+        html = result.feedback_html
+        if needs_page or not html:
+            html = self._gradebook_pages().render(result.notebook_json, result.student, result.assignment,
+                                                  result.notebook, db_url=self.db_url)
         write_atomically(self._path(self.coursedir.feedback_directory, result, ".html"), html)
         self.ledger.record(result)
+
+    def _grades(self, result: Result) -> bool:
+        """The result into the gradebook, one transaction; whether the gradebook knows more than the
+        worker did (hand-given scores or comments, a late penalty), so the page must be rendered here."""
+        from nbgrader.utils import parse_utc
+
+        gradebook = self.gradebook
+        if result.student not in self.students:
+            gradebook.update_or_create_student(result.student)
+            self.students.add(result.student)
+        if result.timestamp:
+            submission = gradebook.update_or_create_submission(result.assignment, result.student,
+                                                               timestamp=parse_utc(result.timestamp))
+        else:
+            submission = gradebook.update_or_create_submission(result.assignment, result.student)
+        notebook = gradebook.find_submission_notebook(result.notebook, result.assignment, result.student)
+        grades = {grade.name: grade for grade in notebook.grades}
+        comments = {comment.name: comment for comment in notebook.comments}
+        try:
+            for name, (score, _) in result.scores.items():  # SaveAutoGrades._add_score
+                grade = grades[name]
+                grade.auto_score = score
+                grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+            for name, comment_text in result.comments.items():  # SaveAutoGrades._add_comment
+                comments[name].auto_comment = comment_text
+            notebook.late_submission_penalty = None  # AssignLatePenalties, with its plugin
+            if submission.total_seconds_late > 0:
+                gradebook.db.flush()
+                gradebook.db.refresh(notebook)  # its score, from the grades just written
+                penalty = self.late.plugin_inst.late_submission_penalty(
+                    result.student, notebook.score, submission.total_seconds_late)
+                if penalty is not None:
+                    notebook.late_submission_penalty = self.late._check_late_penalty(notebook, penalty)
+            if any(flag in REVIEW_FLAGS for flag in result.flags):
+                notebook.flagged = True  # never cleared here: a human's flag stays
+            knows_more = bool(notebook.late_submission_penalty
+                              or any(g.manual_score is not None or g.extra_credit for g in grades.values())
+                              or any(c.manual_comment for c in comments.values()))
+            gradebook.db.commit()
+        except BaseException:
+            gradebook.db.rollback()
+            raise
+        return knows_more
+
+    def _gradebook_pages(self):
+        from .feedback import FeedbackPages
+
+        if self._pages is None:
+            self._pages = FeedbackPages(self.config, from_gradebook=True)
+        return self._pages
