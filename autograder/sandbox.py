@@ -1,14 +1,15 @@
 """Where student notebooks run: Debian's bubblewrap, resource limits, a warm interpreter.
 
-The trusted side of the sandbox. Each grading worker starts one ``Zygote``: a
+The trusted side of the sandbox. Each grading thread keeps one ``WarmSandbox``: a
 bubblewrap sandbox around ``python -m autograder.zygote``, an interpreter that
 has imported torch and the kernel machinery once and forks a fresh kernel for
 every notebook. The sandbox has
 
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
-  environment, the course's own Python packages (``autograder``, the widgets), ``assets/``; nothing else of the course, so no
-  ``solutions/``, no gradebook, no submissions or feedback;
+  environment, the course's own Python packages (``autograder``, the
+  widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
+  and none of the class's data (``coursework/``: gradebook, submissions, feedback);
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
   kernel is up;
@@ -200,8 +201,13 @@ def kernel_environment(socket_path: str | None) -> dict:
     return env
 
 
-class Zygote:
-    """One worker's warm interpreter, in its sandbox (or not, when unsandboxed)."""
+class WarmSandbox:
+    """One worker's warm interpreter (``zygote.Zygote``), in its sandbox (or not, when unsandboxed).
+
+    ``limits`` are the sandbox's own (process count, scratch size), fixed when it
+    starts; each notebook's limits (time, memory, CPU, file size) travel with its
+    job to ``execute.ContainedExecute`` and the kernel it spawns.
+    """
 
     def __init__(self, slot: int, course_root: Path, limits: Limits, sandboxed: bool = True,
                  base_dir: Path | None = None):
@@ -328,30 +334,26 @@ class Zygote:
                     pass
             self.process = None
 
-    def remove(self) -> None:
-        self.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-
     # ------------------------------------------------------------ requests
     def request(self, op: str, timeout: float = 60.0, **fields) -> dict:
         if not self.alive():
-            raise ZygoteGone("the sandbox's interpreter is gone")
+            raise SandboxGone("the sandbox's interpreter is gone")
         assert self.process is not None and self.process.stdin is not None
         try:
             self.process.stdin.write((json.dumps({"op": op, **fields}) + "\n").encode("utf-8"))
             self.process.stdin.flush()
         except OSError as error:
-            raise ZygoteGone(f"the sandbox's interpreter is gone ({error})") from None
+            raise SandboxGone(f"the sandbox's interpreter is gone ({error})") from None
         line = self._read(timeout)
         if not line:
-            raise ZygoteGone("the sandbox's interpreter did not answer")
+            raise SandboxGone("the sandbox's interpreter did not answer")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise RuntimeError(f"sandbox request {op} failed: {reply.get('error')}")
         return reply
 
 
-class ZygoteGone(RuntimeError):
+class SandboxGone(RuntimeError):
     """The warm interpreter died (a notebook killed it): start it again."""
 
 

@@ -37,7 +37,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .job import REVIEW_FLAGS, Result
+from .flags import REVIEW_FLAGS
+from .job import Result
 
 
 def write_atomically(path: Path, text: str) -> None:

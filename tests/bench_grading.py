@@ -320,10 +320,12 @@ def writer_rate(base: Path, count: int) -> float:
     """Notebooks per second the real writer commits: ``count`` synthetic results of one assignment
     (the reference notebook, its scores, comments and feedback page made once, as a worker would)."""
     from autograder.feedback import FeedbackPages
-    from autograder.grade import CourseFolder
+    from autograder.course import CourseFolder
+    from autograder.grade import quiet_library_warnings
     from autograder.job import Result, grades_of
     from autograder.writer import Ledger, Writer
 
+    quiet_library_warnings()
     root = base / "writer"
     assignment = "01_attention"
     shutil.rmtree(root, ignore_errors=True)

@@ -107,10 +107,10 @@ def notebook_bytes() -> bytes:
 def collector_config():
     from traitlets.config import Config
 
-    from autograder.grade import Course
+    from autograder.course import CourseFolder
     from autograder.reference import REPOSITORY
 
-    return Course(REPOSITORY).config if (REPOSITORY / "nbgrader_config.py").is_file() else Config()
+    return CourseFolder(REPOSITORY).config if (REPOSITORY / "nbgrader_config.py").is_file() else Config()
 
 
 def test_a_zip_of_lms_style_names_is_filed_with_a_message_per_unusable_file(tmp_path):
