@@ -27,7 +27,7 @@ c.Execute.extra_arguments = [
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-    "autograder.feedback.HideHiddenTests",
+    "autograder.judging.feedback.HideHiddenTests",
 ]
 
 # Flat, LMS-style file names (an LMS's bulk download, `./course grade --from

@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .collect import Collection, collect
-from .course import CourseFolder
-from .job import Job, Result
-from .sandbox import Limits, probe
+from .engine.collect import Collection, collect
+from .engine.course import CourseFolder
+from .engine.job import Job, Result
+from .sandboxing.bubblewrap import Limits, probe
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 _T0 = time.monotonic()
@@ -124,10 +124,10 @@ def grading_limits(args, course: CourseFolder) -> Limits:
 def choose_runner(args, course: CourseFolder, limits: Limits, sandboxed: bool, address: str | None):
     """This machine's pool, or a Dask cluster, connected and checked before anything is written."""
     if not address:
-        from .runners import LocalPool
+        from .engine.runners import LocalPool
 
         return LocalPool(course.root, limits, sandboxed, args.workers)
-    from .distributed import DaskCluster
+    from .engine.distributed import DaskCluster
 
     cluster = DaskCluster(address, sandboxed)
     problem = cluster.connect()
@@ -183,7 +183,7 @@ def grade_and_commit(args, course: CourseFolder, ledger, runner, jobs: list[Job]
     """The runner grades; this process commits each result as it arrives (the one writer)."""
     from tqdm import tqdm
 
-    from .writer import Writer
+    from .judging.writer import Writer
 
     graded = Graded()
     writer = Writer(course.coursedir, course.config, course.db_url, ledger)
@@ -215,7 +215,7 @@ def grade_and_commit(args, course: CourseFolder, ledger, runner, jobs: list[Job]
 
 def record_run(course: CourseFolder, graded: Graded, seconds: float) -> None:
     """What this run cost its own process (``coursework/.work/last-run.json``; the benchmark reads it)."""
-    from .writer import write_atomically
+    from .judging.writer import write_atomically
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     write_atomically(course.work / "last-run.json", json.dumps({
@@ -226,8 +226,8 @@ def record_run(course: CourseFolder, graded: Graded, seconds: float) -> None:
 
 
 def main(argv=None) -> int:
-    from .report import export_csv, summary, write_report
-    from .writer import Ledger
+    from .judging.report import export_csv, summary, write_report
+    from .judging.writer import Ledger
 
     args = parse_args(argv)
     started = time.monotonic()

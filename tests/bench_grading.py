@@ -257,15 +257,15 @@ class Row:
     def line(self) -> str:
         rate = self.notebooks / self.wall if self.wall else 0.0
         if self.stats:
-            commit = f"{self.stats['commit_seconds'] / max(1, self.stats['notebooks']):>11.3f}"
-            main = f"{self.stats['main_cpu_seconds'] / max(1, self.stats['notebooks']):>11.3f}"
+            commit = f"{self.stats['commit_seconds'] / max(1, self.stats['notebooks']):>13.3f}"
+            main = f"{self.stats['main_cpu_seconds'] / max(1, self.stats['notebooks']):>13.3f}"
         else:
-            commit = main = f"{'-':>11}"
+            commit = main = f"{'-':>13}"
         return (f"{self.label:<34}{self.wall:>8.1f}{rate:>8.2f}{commit}{main}{self.memory[0]:>9.0f}"
                 f"{self.cpu:>8.1f}  {self.agree}")
 
 
-HEADER = (f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>11}{'main CPU/nb':>11}{'peak MB':>9}{'CPU s':>8}"
+HEADER = (f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}"
           "  grades")
 
 
@@ -319,11 +319,11 @@ def agreement(reference: dict | None, found: dict) -> str:
 def writer_rate(base: Path, count: int) -> float:
     """Notebooks per second the real writer commits: ``count`` synthetic results of one assignment
     (the reference notebook, its scores, comments and feedback page made once, as a worker would)."""
-    from autograder.feedback import FeedbackPages
-    from autograder.course import CourseFolder
+    from autograder.judging.feedback import FeedbackPages
+    from autograder.engine.course import CourseFolder
     from autograder.grade import quiet_library_warnings
-    from autograder.job import Result, grades_of
-    from autograder.writer import Ledger, Writer
+    from autograder.engine.job import Result, grades_of
+    from autograder.judging.writer import Ledger, Writer
 
     quiet_library_warnings()
     root = base / "writer"
@@ -421,7 +421,8 @@ def main(argv=None) -> int:
                 print(row.line())
         print("\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
               "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
-              "start-up and report included); peak MB: proportional set sizes summed over the process tree.")
+              "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
+              "the command's process tree (a Dask cluster's workers are not in it).")
         if args.writer:
             rate = writer_rate(base, args.writer)
             print(f"\nthe writer alone: {args.writer} synthetic results committed at {rate:.0f} notebooks/s")

@@ -59,7 +59,7 @@ def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float
 
 def sandbox_works() -> bool:
     """Whether ``./course grade``'s bubblewrap sandbox starts on this machine."""
-    from autograder.sandbox import probe
+    from autograder.sandboxing.bubblewrap import probe
 
     return probe(REPOSITORY) is None
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from autograder import verdict
-from autograder.collect import collect
-from autograder.tamper import suspicious_code
+from autograder.engine.collect import collect
+from autograder.judging.tamper import suspicious_code
 
 
 # ---------------------------------------------------------------- the wire
@@ -107,7 +107,7 @@ def notebook_bytes() -> bytes:
 def collector_config():
     from traitlets.config import Config
 
-    from autograder.course import CourseFolder
+    from autograder.engine.course import CourseFolder
     from autograder.reference import REPOSITORY
 
     return CourseFolder(REPOSITORY).config if (REPOSITORY / "nbgrader_config.py").is_file() else Config()
@@ -255,7 +255,7 @@ def course_root():
 
 
 def test_the_course_root_holds_data_and_lies_in_no_python_package():
-    from autograder.identity import PACKAGES, code_files, package_folder
+    from autograder.engine.identity import PACKAGES, code_files, package_folder
 
     root = course_root()
     assert root == REPOSITORY / "coursework"
@@ -276,7 +276,7 @@ def test_no_student_file_changes_the_grading_codes_identity():
     import uuid
 
     def digest() -> str:
-        return subprocess.run([sys.executable, "-c", "from autograder.identity import code_digest; "
+        return subprocess.run([sys.executable, "-c", "from autograder.engine.identity import code_digest; "
                                "print(code_digest())"], cwd=REPOSITORY, capture_output=True, text=True,
                               check=True).stdout.strip()
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 import nbformat
 
-from .cells import error_output, graded_id
-from .flags import GRADING_FAILED, NOT_GRADED
-from .sandbox import Limits, WarmSandbox, kernel_environment
-from .tamper import GradebookView, inspect, sanitize
-from .verdict import mistake_of
+from ..judging.cells import error_output, graded_id
+from ..judging.flags import GRADING_FAILED, NOT_GRADED
+from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
+from ..judging.tamper import GradebookView, inspect, sanitize
+from ..verdict import mistake_of
 
 
 @dataclass
@@ -224,7 +224,7 @@ def finish(result: Result, nb, spec: AssignmentSpec, started: float) -> Result:
     result.notebook_json = nbformat.writes(nb)
     result.scores, result.comments = grades_of(nb)
     if spec.config is not None:
-        from .feedback import FeedbackPages
+        from ..judging.feedback import FeedbackPages
 
         key = json.dumps(spec.config, sort_keys=True, default=repr)
         if key not in _pages:
@@ -241,8 +241,8 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
     """Grade ``job`` in ``sandbox``'s sandbox; never raises for anything the submission does."""
     from nbgrader.preprocessors import IgnorePattern, LimitOutput
 
-    from . import judge as judging
-    from .execute import ContainedExecute
+    from ..judging import judge as judging
+    from ..sandboxing.execute import ContainedExecute
 
     started = time.monotonic()
     spec = job.spec

@@ -1,7 +1,7 @@
 """Where student notebooks run: Debian's bubblewrap, resource limits, a warm interpreter.
 
 The trusted side of the sandbox. Each grading thread keeps one ``WarmSandbox``: a
-bubblewrap sandbox around ``python -m autograder.zygote``, an interpreter that
+bubblewrap sandbox around ``python -m autograder.sandboxing.zygote``, an interpreter that
 has imported torch and the kernel machinery once and forks a fresh kernel for
 every notebook. The sandbox has
 
@@ -38,7 +38,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # autograder/, code only
 SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
 # Imported once per worker, before any notebook: what every graded kernel needs.
 PRELOAD = [
@@ -253,7 +253,7 @@ class WarmSandbox:
         return self.run_dir / "work" / assignment
 
     def command(self) -> list[str]:
-        inner = [sys.executable, "-s", "-m", "autograder.zygote", json.dumps(self._config())]
+        inner = [sys.executable, "-s", "-m", "autograder.sandboxing.zygote", json.dumps(self._config())]
         if not self.sandboxed:
             return inner
         return bwrap_command(self.course_root, self.run_dir, self.notebooks_dir, self.limits, inner, self.as_root)

@@ -56,7 +56,7 @@ class GivenGrades(NbGraderPreprocessor):
     ``GetGrades`` reads each cell's score and comment, and the notebook's total,
     from the gradebook that ``SaveAutoGrades`` has just written. A grading worker
     has no gradebook; it has what ``SaveAutoGrades`` will write, computed by the
-    same rules (``autograder.job.grades_of``): ``resources["nbgrader"]["grades"]``
+    same rules (``autograder.engine.job.grades_of``): ``resources["nbgrader"]["grades"]``
     ({grade id: [score, max]}) and ``["comments"]`` ({grade id: auto comment}).
     The result is the page ``generate_feedback`` gives when nobody has graded by
     hand and nothing is late; when the gradebook holds more, the writer renders

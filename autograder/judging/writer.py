@@ -38,7 +38,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .flags import REVIEW_FLAGS
-from .job import Result
+from ..engine.job import Result
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -33,8 +33,8 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 
-from .cells import error_output, graded_id
-from .sandbox import Limits, SandboxGone, WarmSandbox
+from ..judging.cells import error_output, graded_id
+from .bubblewrap import Limits, SandboxGone, WarmSandbox
 
 
 class SandboxKernelManager(AsyncKernelManager):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from .job import Job, Result, grade_submission
-from .sandbox import Limits, WarmSandbox, claim_slot
+from ..sandboxing.bubblewrap import Limits, WarmSandbox, claim_slot
 
 
 class Runner(Protocol):
@@ -141,7 +141,8 @@ def _pool_process_init(course_root: str, limits: Limits, sandboxed: bool, base_d
     station = Station(Path(course_root), sandboxed, limits, Path(base_dir))
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
-    from . import execute, judge  # noqa: F401  (what grading imports, while the sandbox warms up)
+    from ..sandboxing import execute  # noqa: F401  (what grading imports, while the sandbox warms up)
+    from ..judging import judge  # noqa: F401
     station.give_back(station.take())  # ready
     _station.append(station)
     if os.environ.get("AUTOGRADER_TRACE"):

@@ -17,13 +17,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import reference
-from .cells import grade_id
+from .. import reference
+from ..judging.cells import grade_id
 from .identity import code_digest
 from .job import AssignmentSpec
-from .sandbox import Limits
-from .tamper import GradebookView
-from .verdict import expected_checks
+from ..sandboxing.bubblewrap import Limits
+from ..judging.tamper import GradebookView
+from ..verdict import expected_checks
 
 
 class CourseFolder:
@@ -147,7 +147,7 @@ class CourseFolder:
 
 
 def _student_version(course: CourseFolder, assignment: str, notebook: str) -> str:
-    from .release import generate
+    from ..release import generate
 
     with tempfile.TemporaryDirectory(prefix="course-student-") as scratch:
         generate([assignment], Path(scratch))

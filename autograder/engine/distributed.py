@@ -42,9 +42,9 @@ from distributed import WorkerPlugin
 from .identity import code_digest
 from .job import WORKERS_DIED, Job, Result, failed_result
 from .runners import Station, grade_at
-from .sandbox import probe
+from ..sandboxing.bubblewrap import probe
 
-REPOSITORY = Path(__file__).resolve().parent.parent  # the checkout each worker runs (its assets/)
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout each worker runs (its assets/)
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
 WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
 
@@ -94,12 +94,14 @@ class GraderPlugin(WorkerPlugin):
 
 
 def dask_setup(worker) -> None:
-    """``dask worker --preload autograder.distributed`` (what ``./course worker`` runs): warm up
+    """``dask worker --preload autograder.engine.distributed`` (what ``./course worker`` runs): warm up
     as the worker starts, before any grade command connects, so the first notebook waits for
     nothing. A worker whose sandbox cannot start still starts; the command's check says why."""
     import logging
 
-    from . import execute, judge  # noqa: F401  (torch, nbclient: what grading imports)
+    from ..sandboxing import execute  # noqa: F401  (torch, nbclient: what grading imports)
+
+    from ..judging import judge  # noqa: F401
 
     reason = probe(REPOSITORY)
     if reason is None:
