@@ -185,7 +185,8 @@ def fake_judge(monkeypatch):
     """A Judge for a made-up assignment with a function, a dependant and an nn.Module exercise."""
     import types
 
-    from autograder import checks, exercises, judge
+    from autograder import checks, exercises
+    from autograder.judging import judge
 
     def cases(ref):
         g = torch.Generator().manual_seed(0)
