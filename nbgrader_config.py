@@ -1,8 +1,10 @@
 """nbgrader configuration: run nbgrader commands from this folder.
 
 The flow is solutions/ (instructor sources) -> notebooks/ (student versions,
-generated) -> autograder/submitted/ -> autograder/autograded/ ->
-autograder/feedback/. The gradebook is autograder/gradebook.db.
+generated) -> coursework/submitted/ -> coursework/autograded/ ->
+coursework/feedback/. The gradebook is coursework/gradebook.db. coursework/ holds
+the class's data only (ignored by git), never code: the grader's code lives in
+autograder/, beside it.
 """
 import os
 
@@ -10,7 +12,7 @@ c = get_config()  # noqa: F821 (provided by nbgrader)
 here = os.path.dirname(os.path.abspath(__file__))
 
 c.CourseDirectory.course_id = "attention-transformers"
-c.CourseDirectory.root = os.path.join(here, "autograder")
+c.CourseDirectory.root = os.path.join(here, "coursework")
 c.CourseDirectory.source_directory = os.path.join(here, "solutions")
 c.CourseDirectory.release_directory = os.path.join(here, "notebooks")
 
@@ -25,7 +27,7 @@ c.Execute.extra_arguments = [
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-    "autograder.feedback.HideHiddenTests",
+    "autograder.judging.feedback.HideHiddenTests",
 ]
 
 # Flat, LMS-style file names (an LMS's bulk download, `./course grade --from

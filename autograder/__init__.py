@@ -1,24 +1,42 @@
-"""Grading around nbgrader.
+"""Grading around nbgrader. Code only: the class's data (nbgrader's course root) is ``coursework/``.
+
+Laid out by where the code runs and whom it trusts.
+
+In the learner's kernel (imported by every graded kernel; under ``./course grade``
+no solution is there), at the top so notebooks and nbgrader find them:
 
 - ``trusted``: the snapshot of torch/numpy/builtins taken before student code runs;
-- ``reference``: where the reference solutions come from (``solutions/``, the one source);
-- ``checks``: the helper every hidden test calls, comparing a learner's function
-  with the reference and naming known mistakes;
-- ``exercises``: per notebook, the inputs each exercise is checked on and its
-  catalogue of known mistakes;
-- ``feedback``: the nbgrader preprocessor that keeps hidden test code out of feedback;
-- ``release``: regenerates ``notebooks/`` from ``solutions/``.
+- ``checks``: the helper every hidden test calls (``check``), and the exercise
+  types the catalogues use (``Case``, ``ModuleCase``, ``Mistake``, ``Exercise``);
+  under stock nbgrader it compares with the reference in the kernel itself;
+- ``verdict``: the wire between a sandboxed ``check`` and the grader outside;
+- ``reference``: where the reference solutions come from (``solutions/``, the one source).
 
-``./course grade`` (``grade``) grades a whole class around nbgrader's own pieces:
-``collect`` finds submissions, ``sandbox`` starts bubblewrap around a warm
-interpreter (``zygote``) that forks a kernel per notebook, ``execute`` runs
-cells with fault containment, ``verdict`` carries the checks' outputs out of
-the sandbox to ``judge`` (the reference side), ``tamper`` sanitizes with
-nbgrader's preprocessors and flags tampering, ``job`` is the unit of work (one
-notebook in, one result out), ``writer`` the single writer of gradebook,
-feedback and ledger, ``report`` the CSV, class report and summary; ``bench``
-compares it with stock nbgrader.
+``exercises/``: the catalogues, per notebook the inputs each exercise is
+checked on and its catalogue of known mistakes.
 
-This folder is also nbgrader's course root: its work folders (``submitted/``,
-``autograded/``, ``feedback/``) and ``gradebook.db`` are ignored by git.
+``judging/``: judging and writing, outside the kernel (trusted):
+``judge`` (the reference side of every check, answering ``verdict``),
+``tamper`` (sanitizes with nbgrader's preprocessors, flags tampering),
+``cells`` (nbgrader metadata access, the error outputs the grader writes),
+``flags`` (the flag vocabulary), ``feedback`` (the feedback page's
+preprocessors and exporter), ``writer`` (the single writer of gradebook,
+files and ledger), ``report`` (the grades CSV, the class report, the summary).
+
+``sandboxing/``: where student notebooks run: ``bubblewrap`` (the sandbox,
+``Limits``, ``WarmSandbox``, ``probe``), ``zygote`` (the warm interpreter
+inside it, forking a kernel per notebook), ``execute`` (cell by cell, with
+fault containment).
+
+``engine/``: the orchestration of ``./course grade``: ``course``
+(``CourseFolder``: configuration, folders, gradebook, each notebook's
+snapshot), ``collect`` (finds submissions), ``job`` (the unit of work: one
+notebook in, one result out, feedback included), ``runners`` (the runner
+contract, the warm-sandbox ``Station`` both runners grade with, the local
+pool), ``distributed`` (the Dask runner), ``identity`` (the one digest of the
+grading code).
+
+Entry points: ``grade`` (``./course grade``: ``main`` reads as its steps),
+``release`` (``./course generate``). The benchmark (``tests/bench_grading.py``)
+and the tests' local Dask cluster (``tests/local_cluster.py``) live with the tests.
 """

@@ -136,11 +136,6 @@ def decode(data, depth: int = 0):
     raise ProtocolError("unknown output kind")
 
 
-def pack(value) -> str:
-    """Trusted data (the cases) for the sandbox: pickled, base64."""
-    return base64.b64encode(pickle.dumps(value, protocol=4)).decode("ascii")
-
-
 def unpack(text: str):
     return pickle.loads(base64.b64decode(text))
 

@@ -52,14 +52,14 @@ def nbgrader(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
 
 def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
     """The grading command as an instructor runs it (``./course grade`` runs exactly this)."""
-    command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *args]
+    command = [sys.executable, "-m", "autograder.grade", "--quiet", *args]
     return subprocess.run(command, cwd=course_root, capture_output=True, text=True, timeout=timeout,
                           env=env or os.environ.copy())
 
 
 def sandbox_works() -> bool:
     """Whether ``./course grade``'s bubblewrap sandbox starts on this machine."""
-    from autograder.sandbox import probe
+    from autograder.sandboxing.bubblewrap import probe
 
     return probe(REPOSITORY) is None
 
@@ -91,7 +91,7 @@ def grade_cells(notebook) -> dict:
 
 @dataclass
 class Course:
-    root: Path  # holds nbgrader_config.py, solutions/, notebooks/, autograder/
+    root: Path  # holds nbgrader_config.py, solutions/, notebooks/, coursework/
 
     @classmethod
     def create(cls, directory: Path, assignments: list[str] | None = None) -> "Course":
@@ -100,7 +100,7 @@ class Course:
         root.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPOSITORY / "nbgrader_config.py", root)
         shutil.copytree(SOLUTIONS, root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-        (root / "autograder").mkdir()
+        (root / "coursework").mkdir()
         course = cls(root)
         for assignment in assignments or sorted(p.name for p in (root / "solutions").iterdir() if p.is_dir()):
             nbgrader("generate_assignment", assignment, "--force", cwd=root)
@@ -108,13 +108,13 @@ class Course:
 
     @property
     def db_url(self) -> str:
-        return f"sqlite:///{self.root / 'autograder' / 'gradebook.db'}"
+        return f"sqlite:///{self.root / 'coursework' / 'gradebook.db'}"
 
     def released(self, assignment: str):
         return nbformat.read(self.root / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
 
     def submission_path(self, student: str, assignment: str, filename: str | None = None) -> Path:
-        return self.root / "autograder" / "submitted" / student / assignment / (filename or f"{assignment}.ipynb")
+        return self.root / "coursework" / "submitted" / student / assignment / (filename or f"{assignment}.ipynb")
 
     def submit(self, student: str, assignment: str, answers: dict | object | None = None,
                edit=None, filename: str | None = None) -> Path:
@@ -158,7 +158,7 @@ class Course:
         return grade_cells(self.released(assignment))
 
     def feedback(self, student: str, assignment: str) -> str:
-        path = self.root / "autograder" / "feedback" / student / assignment / f"{assignment}.html"
+        path = self.root / "coursework" / "feedback" / student / assignment / f"{assignment}.html"
         return path.read_text(encoding="utf-8")
 
     def feedback_text(self, student: str, assignment: str) -> str:
@@ -166,7 +166,7 @@ class Course:
         return html.unescape(re.sub(r"<[^>]+>", "", self.feedback(student, assignment)))
 
     def autograded(self, student: str, assignment: str) -> dict:
-        path = self.root / "autograder" / "autograded" / student / assignment / f"{assignment}.ipynb"
+        path = self.root / "coursework" / "autograded" / student / assignment / f"{assignment}.ipynb"
         return json.loads(path.read_text(encoding="utf-8"))
 
     def gradebook_dump(self) -> dict:

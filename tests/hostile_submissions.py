@@ -104,4 +104,4 @@ if __name__ == "__main__":
     course = Course.create(target, [ASSIGNMENT])
     submit_all(course)
     course.submit("reference", ASSIGNMENT)
-    print(f"{len(load_catalogue())} hostile submissions in {target}/autograder/submitted")
+    print(f"{len(load_catalogue())} hostile submissions in {target}/coursework/submitted")

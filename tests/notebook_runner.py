@@ -22,7 +22,7 @@ def kernel_arguments() -> list[str]:
     """The kernel arguments nbgrader_config.py gives graded kernels."""
     from autograder.release import course_config
 
-    return list(course_config(REPOSITORY / "autograder", REPOSITORY / "notebooks").Execute.extra_arguments)
+    return list(course_config(REPOSITORY / "coursework", REPOSITORY / "notebooks").Execute.extra_arguments)
 
 
 @dataclass

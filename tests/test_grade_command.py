@@ -21,7 +21,7 @@ import pytest
 from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
 from hostile_submissions import ASSIGNMENT, fill, load_catalogue, submit_all
 
-from autograder.job import REVIEW_FLAGS
+from autograder.judging.flags import REVIEW_FLAGS
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue()
@@ -29,12 +29,12 @@ LIMITS = ("--cell-timeout", "5", "--notebook-timeout", "120")  # short, so hangi
 NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
 
 
-def autograder_dir(course: Course) -> Path:
-    return course.root / "autograder"
+def coursework(course: Course) -> Path:
+    return course.root / "coursework"
 
 
 def ledger(course: Course) -> dict:
-    db = sqlite3.connect(autograder_dir(course) / ".work" / "grading.sqlite")
+    db = sqlite3.connect(coursework(course) / ".work" / "grading.sqlite")
     try:
         return {(s, a): json.loads(x) for s, a, x in db.execute("SELECT student, assignment, summary FROM graded")}
     finally:
@@ -88,7 +88,7 @@ class TestHostileClass:
         course.submit("reference", "00_start_here")
         course.submit("one-mistake", ASSIGNMENT, {"softmax": NO_MAX_SOFTMAX})
         course.submit("untouched", ASSIGNMENT, UNTOUCHED)
-        submitted = {path: path.read_bytes() for path in (autograder_dir(course) / "submitted").rglob("*") if path.is_file()}
+        submitted = {path: path.read_bytes() for path in (coursework(course) / "submitted").rglob("*") if path.is_file()}
         result = grade(course.root, *LIMITS)
         return course, result, submitted
 
@@ -142,7 +142,7 @@ class TestHostileClass:
 
     def test_submitted_files_are_never_modified(self, run):
         course, _, submitted = run
-        now = {path: path.read_bytes() for path in (autograder_dir(course) / "submitted").rglob("*") if path.is_file()}
+        now = {path: path.read_bytes() for path in (coursework(course) / "submitted").rglob("*") if path.is_file()}
         assert now == submitted
 
     def test_feedback_shows_outcome_points_and_message(self, run):
@@ -155,13 +155,13 @@ class TestHostileClass:
 
     def test_no_feedback_shows_hidden_test_code(self, run):
         course, _, _ = run
-        pages = list((autograder_dir(course) / "feedback").rglob("*.html"))
+        pages = list((coursework(course) / "feedback").rglob("*.html"))
         assert len(pages) == len(CATALOGUE) + 4
         assert_no_hidden_code(course, pages)
 
     def test_csv_agrees_with_gradebook(self, run):
         course, _, _ = run
-        path = autograder_dir(course) / "reports" / "grades.csv"
+        path = coursework(course) / "reports" / "grades.csv"
         rows = list(csv.DictReader(path.open(encoding="utf-8")))
         assert rows and set(rows[0]) >= {"student", "assignment", "exercise", "points", "max_points", "flags"}
         seen = set()
@@ -179,7 +179,7 @@ class TestHostileClass:
 
     def test_report_shows_distribution_misconceptions_and_flags(self, run):
         course, _, _ = run
-        report = (autograder_dir(course) / "reports" / "class-report.html").read_text(encoding="utf-8")
+        report = (coursework(course) / "reports" / "class-report.html").read_text(encoding="utf-8")
         assert report.count("data:image/png;base64,") >= 3
         for text in ("Score distribution", "pass rate per exercise", "Most common misconceptions", "softmax-no-max-subtraction",
                      "Flagged for review", "redefines-check", "graded-cell-deleted", "Could not be graded",
@@ -276,7 +276,7 @@ class TestEveryNotebooksCatalogue:
         import nbformat
 
         course, _, _ = run
-        [graded] = (autograder_dir(course) / "autograded" / "reference" / suite.assignment).glob("*.ipynb")
+        [graded] = (coursework(course) / "autograded" / "reference" / suite.assignment).glob("*.ipynb")
         errors = [f"cell {i}: {output.get('ename')}: {output.get('evalue')}"
                   for i, cell in enumerate(nbformat.read(graded, as_version=4).cells)
                   for output in cell.get("outputs", []) if output.get("output_type") == "error"]
@@ -284,7 +284,7 @@ class TestEveryNotebooksCatalogue:
 
     def test_no_feedback_shows_hidden_test_code(self, run):
         course, _, expected = run
-        pages = list((autograder_dir(course) / "feedback").rglob("*.html"))
+        pages = list((coursework(course) / "feedback").rglob("*.html"))
         assert len(pages) == len(expected)
         assert_no_hidden_code(course, pages)
 
@@ -331,10 +331,10 @@ class TestCrashAndResume:
         import time
 
         killed, clean = courses
-        command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *LIMITS]
+        command = [sys.executable, "-m", "autograder.grade", "--quiet", *LIMITS]
         process = subprocess.Popen(command, cwd=killed.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                    start_new_session=True)
-        ledger_path = autograder_dir(killed) / ".work" / "grading.sqlite"
+        ledger_path = coursework(killed) / ".work" / "grading.sqlite"
         deadline = time.monotonic() + 600
         committed = 0
         while time.monotonic() < deadline and process.poll() is None:
@@ -365,7 +365,7 @@ class TestCrashAndResume:
         assert f"{committed} unchanged" in resumed.stdout, resumed.stdout
         assert killed.gradebook_dump() == clean.gradebook_dump()
         for student in ("ann", "ben", "cid", "dee", "eve", "fay"):
-            assert (autograder_dir(killed) / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").is_file()
+            assert (coursework(killed) / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").is_file()
 
     def test_refuses_without_the_sandbox_unless_told(self, courses):
         _, clean = courses

@@ -2,7 +2,7 @@
 
 The module starts what an instructor starts (README, "Grading on several
 machines"): ``./course scheduler`` and two ``./course worker`` processes, all
-on 127.0.0.1 (``autograder.bench.LocalCluster``), each worker one process with one thread. Both workers load
+on 127.0.0.1 (``tests/local_cluster.py``), each worker one process with one thread. Both workers load
 ``tests/dask/saboteur.py``, which kills the worker grading a student named
 ``worker-killer*`` (and nobody else). The same synthetic class is graded
 locally once (``local``) and then on the cluster; the gradebooks must agree.
@@ -23,7 +23,7 @@ import pytest
 from browser_harness import free_port
 from grading_harness import UNTOUCHED, Course, grade, sandbox_works
 
-from autograder.bench import LocalCluster
+from local_cluster import LocalCluster
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SABOTEUR = Path(__file__).resolve().parent / "dask" / "saboteur.py"
@@ -62,6 +62,8 @@ def submit_class(course: Course) -> None:
 
     for student in ("ann", "ben", "cid"):
         course.submit(student, "00_start_here")
+    # files of any kind beside a notebook, a helper module too: the workers never see them
+    (course.submission_path("ann", "00_start_here").parent / "helpers.py").write_text("x = 1\n", encoding="utf-8")
     course.submit("ann", "01_attention", edit=add_slow)
     course.submit("ben", "01_attention", {"softmax": NO_MAX_SOFTMAX}, edit=add_slow)
     course.submit("cid", "01_attention", UNTOUCHED)
@@ -90,7 +92,7 @@ def copy_course(template: Path, target: Path) -> Course:
 
 def outputs(course: Course) -> dict:
     """What grading wrote beside the gradebook: the CSV, and the feedback pages by name."""
-    folder = course.root / "autograder"
+    folder = course.root / "coursework"
     return {
         "csv": (folder / "reports" / "grades.csv").read_text(encoding="utf-8"),
         "feedback": sorted(str(p.relative_to(folder)) for p in (folder / "feedback").rglob("*.html")),
@@ -100,7 +102,7 @@ def outputs(course: Course) -> dict:
 def verdicts(course: Course) -> dict:
     """Each graded notebook's check cells and the errors they show (what the feedback explains)."""
     found = {}
-    for path in sorted((course.root / "autograder" / "autograded").glob("*/*/*.ipynb")):
+    for path in sorted((course.root / "coursework" / "autograded").glob("*/*/*.ipynb")):
         student, assignment = path.parts[-3], path.parts[-2]
         cells = nbformat.read(path, as_version=4).cells
         found[(student, assignment)] = {
@@ -128,7 +130,7 @@ def test_the_cluster_gives_the_local_gradebook(cluster, local, template, tmp_pat
     assert course.gradebook_dump() == local.gradebook_dump()
     assert outputs(course) == outputs(local)
     assert verdicts(course) == verdicts(local)
-    with sqlite3.connect(course.root / "autograder" / ".work" / "grading.sqlite") as db:
+    with sqlite3.connect(course.root / "coursework" / ".work" / "grading.sqlite") as db:
         workers = {json.loads(summary)["worker"].split("/")[0] for (summary,) in db.execute("SELECT summary FROM graded")}
     assert workers == {"wa", "wb"}  # both workers graded, and nothing was graded elsewhere
     assert any("max" in message for message in verdicts(course)[("ben", "01_attention")]["test_softmax"])
@@ -138,9 +140,9 @@ def test_the_cluster_gives_the_local_gradebook(cluster, local, template, tmp_pat
 
 def test_killing_a_worker_mid_run_loses_nothing(cluster, local, template, tmp_path):
     course = copy_course(template, tmp_path / "course")
-    command = [sys.executable, "-P", "-m", "autograder.grade", "--quiet", *LIMITS, "--scheduler", cluster.address]
+    command = [sys.executable, "-m", "autograder.grade", "--quiet", *LIMITS, "--scheduler", cluster.address]
     process = subprocess.Popen(command, cwd=course.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ledger = course.root / "autograder" / ".work" / "grading.sqlite"
+    ledger = course.root / "coursework" / ".work" / "grading.sqlite"
     committed, deadline = 0, time.monotonic() + 300
     try:
         while committed < 2 and process.poll() is None and time.monotonic() < deadline:
@@ -217,8 +219,7 @@ def test_workers_running_other_grading_code_are_refused(cluster, template, tmp_p
     newer = tmp_path / "newer"
     for package in ("autograder", "course_widgets"):
         shutil.copytree(REPOSITORY / package, newer / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "submitted", "autograded", "feedback",
-                                                      "reports", ".work", "gradebook.db"))
+                        ignore=shutil.ignore_patterns("__pycache__"))
     checks = newer / "autograder" / "checks.py"
     checks.write_text(checks.read_text(encoding="utf-8") + "\n# a newer grader\n", encoding="utf-8")
     course = copy_course(template, tmp_path / "course")

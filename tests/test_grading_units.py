@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from autograder import verdict
-from autograder.collect import collect
-from autograder.tamper import suspicious_code
+from autograder.engine.collect import collect
+from autograder.judging.tamper import suspicious_code
 
 
 # ---------------------------------------------------------------- the wire
@@ -107,10 +107,10 @@ def notebook_bytes() -> bytes:
 def collector_config():
     from traitlets.config import Config
 
-    from autograder.grade import Course
+    from autograder.engine.course import CourseFolder
     from autograder.reference import REPOSITORY
 
-    return Course(REPOSITORY).config if (REPOSITORY / "nbgrader_config.py").is_file() else Config()
+    return CourseFolder(REPOSITORY).config if (REPOSITORY / "nbgrader_config.py").is_file() else Config()
 
 
 def test_a_zip_of_lms_style_names_is_filed_with_a_message_per_unusable_file(tmp_path):
@@ -185,7 +185,8 @@ def fake_judge(monkeypatch):
     """A Judge for a made-up assignment with a function, a dependant and an nn.Module exercise."""
     import types
 
-    from autograder import checks, exercises, judge
+    from autograder import checks, exercises
+    from autograder.judging import judge
 
     def cases(ref):
         g = torch.Generator().manual_seed(0)
@@ -236,3 +237,58 @@ def test_verdicts_name_mistakes_and_refuse_tampering(fake_judge):
     assert "[mistake:tampering]" in fake_judge.verdict("quad", None, [right], ["torch.allclose"])
     assert fake_judge.verdict("quad", "`quad` raised TypeError: boom", [], []) == "`quad` raised TypeError: boom"
     assert "every case" in fake_judge.verdict("quad", None, [], [])
+
+
+# ---------------------------------------------------------------- where code ends and data begins
+
+REPOSITORY = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+def course_root():
+    """nbgrader's course root as the repository's nbgrader_config.py sets it."""
+    from pathlib import Path
+
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(REPOSITORY)).load_config()
+    return Path(CourseDirectory(config=config).root).resolve()
+
+
+def test_the_course_root_holds_data_and_lies_in_no_python_package():
+    from autograder.engine.identity import PACKAGES, code_files, package_folder
+
+    root = course_root()
+    assert root == REPOSITORY / "coursework"
+    for name in PACKAGES:
+        folder = package_folder(name)
+        assert not root.is_relative_to(folder) and not folder.is_relative_to(root), (name, folder)
+    files = code_files()
+    assert files and not [path for path in files if path.is_relative_to(root)]
+    assert "coursework/" in (REPOSITORY / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+def test_no_student_file_changes_the_grading_codes_identity():
+    """A submission may bring files of any kind (a helper .py too): the digest that Dask workers,
+    which have no submissions, compare with the grade command's stays the same."""
+    import shutil
+    import subprocess
+    import sys
+    import uuid
+
+    def digest() -> str:
+        return subprocess.run([sys.executable, "-c", "from autograder.engine.identity import code_digest; "
+                               "print(code_digest())"], cwd=REPOSITORY, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    before = digest()
+    student = course_root() / "submitted" / f"test-student-{uuid.uuid4().hex[:8]}"
+    folder = student / "01_attention"
+    try:
+        folder.mkdir(parents=True)
+        (folder / "helpers.py").write_text("def softmax(x):\n    return x\n", encoding="utf-8")
+        (folder / "__init__.py").write_text("", encoding="utf-8")
+        (folder / "notes.txt").write_text("my notes", encoding="utf-8")
+        assert digest() == before
+    finally:
+        shutil.rmtree(student, ignore_errors=True)

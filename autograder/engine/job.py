@@ -1,32 +1,28 @@
-"""Grade one submission notebook: the unit of work, and the worker that does it.
+"""Grade one submission notebook: the unit of work.
 
-``grade_submission(job) -> Result`` is pure in the sense that matters: it reads
-only the ``Job`` (the submission's bytes and a snapshot of everything the
-grader knows about its assignment) and returns a picklable ``Result`` (the
-graded notebook and what happened); it writes nothing but sandbox scratch
-files. The single writer (``writer.Writer``) turns results into gradebook
-rows, feedback and reports, so workers may run anywhere (a process pool here;
-Dask later) without ever touching the gradebook.
-
-A worker process keeps a warm sandbox (``sandbox.Zygote``) and one
-``judge.Judge`` per assignment for its whole life.
+``grade_submission(job, sandbox, judges) -> Result`` reads only the ``Job``
+(the submission's bytes and a snapshot of everything the grader knows about
+its notebook, ``AssignmentSpec``) and returns a picklable ``Result``: the
+autograded notebook, its scores and comments by nbgrader's ``SaveAutoGrades``
+rules, its feedback page (``finish``), the checks' verdicts and the flags. It
+writes nothing but sandbox scratch files, so it runs wherever a runner puts it
+(``runners``: this machine's processes or a Dask cluster), in a warm sandbox
+(``sandbox.WarmSandbox``) with one ``judge.Judge`` per assignment kept for the
+worker's life. The single writer (``writer.Writer``) commits the result.
 """
 from __future__ import annotations
 
-import ctypes
 import json
-import os
-import signal
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import nbformat
-from nbformat.v4 import new_output
 
-from .sandbox import Limits, Zygote, claim_slot, kernel_environment
-from .tamper import GradebookView, inspect, sanitize
-from .verdict import mistake_of
+from ..judging.cells import error_output, graded_id
+from ..judging.flags import GRADING_FAILED, NOT_GRADED
+from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
+from ..judging.tamper import GradebookView, inspect, sanitize
+from ..verdict import mistake_of
 
 
 @dataclass
@@ -42,6 +38,7 @@ class AssignmentSpec:
     files: dict = field(default_factory=dict)  # other released files: relative path -> hex
     kernel_arguments: list = field(default_factory=list)
     fingerprint: str = ""                 # changes when anything that affects grading changes
+    config: object = None                 # the course's nbgrader configuration (the feedback exporter's)
 
 
 @dataclass
@@ -78,10 +75,12 @@ class Result:
     fingerprint: str
     graded: bool                      # False: rejected (bad input), graded as an empty submission
     notebook_json: str                # the autograded notebook
+    feedback_html: str = ""           # its feedback page (the worker's own grades; "" when not rendered)
     messages: list = field(default_factory=list)   # for the instructor
     flags: list = field(default_factory=list)
     checks: list = field(default_factory=list)     # CheckRecord
-    scores: dict = field(default_factory=dict)     # grade id -> [score, max] (the gradebook decides)
+    scores: dict = field(default_factory=dict)     # grade id -> [score, max]: SaveAutoGrades' auto scores
+    comments: dict = field(default_factory=dict)   # answer cell id -> SaveAutoGrades' auto comment (or None)
     cell_seconds: float = 0.0
     cell_cpu_seconds: float = 0.0
     kernel_seconds: float = 0.0
@@ -91,10 +90,6 @@ class Result:
     timestamp: str | None = None
     worker: str = ""
     started: float = 0.0              # when its worker began it (epoch seconds)
-
-
-REVIEW_FLAGS = {"graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
-                "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name", "grading-failed"}
 
 
 # ---------------------------------------------------------------- reading the file
@@ -135,10 +130,6 @@ def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tupl
     return nb, notes
 
 
-def error_output(ename: str, evalue: str):
-    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
-
-
 def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNode:
     """The released notebook, marked as not graded, every check failing with ``message``."""
     nb = nbformat.reads(spec.released, as_version=4)
@@ -160,9 +151,10 @@ def failed_result(job: Job, message: str) -> Result:
     ``message`` for the student and the instructor, flagged for review. Its empty
     fingerprint makes the next run try it again."""
     nb = rejected_notebook(job.spec, message)
+    scores, comments = grades_of(nb)
     return Result(job.student, job.assignment, job.notebook, job.digest, "", False, nbformat.writes(nb),
-                  messages=[*job.notes, message], flags=[*job.flags, "not-graded", "grading-failed"],
-                  scores=scores_of(nb), timestamp=job.timestamp)
+                  messages=[*job.notes, message], flags=[*job.flags, NOT_GRADED, GRADING_FAILED],
+                  scores=scores, comments=comments, timestamp=job.timestamp)
 
 
 # ---------------------------------------------------------------- verdicts into outputs
@@ -177,7 +169,7 @@ def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
     records, flags = [], []
     faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "memory", "not-run")}
     for index, cell in enumerate(nb.cells):
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id") if cell.metadata.get("nbgrader", {}).get("grade") else None
+        gid = graded_id(cell)
         if gid not in expected:
             continue
         verdicts = {v.exercise: v for v in server.cell_verdicts(gid)}
@@ -207,31 +199,56 @@ def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
     return records, flags
 
 
-def scores_of(nb) -> dict:
-    from nbgrader.utils import determine_grade, is_grade
+def grades_of(nb) -> tuple[dict, dict]:
+    """What nbgrader's ``SaveAutoGrades`` writes for this autograded notebook, by its rules:
+    ({grade cell id: [auto score, max points]}, {answer or task cell id: auto comment})."""
+    from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
-    found = {}
+    scores, comments = {}, {}
     for cell in nb.cells:
         if is_grade(cell):
             score, maximum = determine_grade(cell)
-            found[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
-    return found
+            scores[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
+        if is_solution(cell) or is_task(cell):
+            untouched = cell.metadata.nbgrader.get("checksum", None) == compute_checksum(cell)
+            comments[cell.metadata["nbgrader"]["grade_id"]] = "No response." if untouched and not is_task(cell) else None
+    return scores, comments
+
+
+_pages: dict = {}
+
+
+def finish(result: Result, nb, spec: AssignmentSpec, started: float) -> Result:
+    """Everything that is a function of the graded notebook, done here where it was graded:
+    its JSON, nbgrader's scores and comments, and the feedback page rendered from them."""
+    result.notebook_json = nbformat.writes(nb)
+    result.scores, result.comments = grades_of(nb)
+    if spec.config is not None:
+        from ..judging.feedback import FeedbackPages
+
+        key = json.dumps(spec.config, sort_keys=True, default=repr)
+        if key not in _pages:
+            _pages[key] = FeedbackPages(spec.config)
+        result.feedback_html = _pages[key].render(result.notebook_json, result.student, result.assignment,
+                                                  result.notebook, grades=result.scores, comments=result.comments)
+    result.seconds = time.monotonic() - started
+    return result
 
 
 # ---------------------------------------------------------------- the unit of work
 
-def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
-    """Grade ``job`` in ``zygote``'s sandbox; never raises for anything the submission does."""
+def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
+    """Grade ``job`` in ``sandbox``'s sandbox; never raises for anything the submission does."""
     from nbgrader.preprocessors import IgnorePattern, LimitOutput
 
-    from . import judge as judging
-    from .execute import ContainedExecute
+    from ..judging import judge as judging
+    from ..sandboxing.execute import ContainedExecute
 
     started = time.monotonic()
     spec = job.spec
     result = Result(job.student, job.assignment, job.notebook, job.digest, spec.fingerprint, True, "",
                     messages=list(job.notes), flags=list(job.flags), timestamp=job.timestamp,
-                    worker=f"w{zygote.slot}", started=time.time())
+                    worker=f"w{sandbox.slot}", started=time.time())
     resources = {"nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook,
                               "db_url": None}}
     try:
@@ -248,31 +265,28 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     except Rejected as rejection:
         nb = rejected_notebook(spec, str(rejection))
         result.graded = False
-        result.flags.append("not-graded")
+        result.flags.append(NOT_GRADED)
         if not any(str(rejection) in message for message in result.messages):
             result.messages.append(str(rejection))
-        result.notebook_json = nbformat.writes(nb)
-        result.scores = scores_of(nb)
-        result.seconds = time.monotonic() - started
-        return result
+        return finish(result, nb, spec, started)
 
     key = (spec.assignment, spec.fingerprint)
     if key not in judges:
         judges[key] = judging.Judge(spec.assignment, spec.reference_cells)
-    socket_path = str(zygote.run_dir / "verdicts.sock")
+    socket_path = str(sandbox.run_dir / "verdicts.sock")
     server = judging.VerdictServer(socket_path, {spec.assignment: judges[key]}, spec.expected)
     try:
         executor = ContainedExecute(
-            zygote, job.limits, str(zygote.work_dir(job.assignment)), kernel_environment(socket_path),
+            sandbox, job.limits, str(sandbox.work_dir(job.assignment)), kernel_environment(socket_path),
             list(spec.kernel_arguments), spec.files, server=server)
         execution = executor.run(nb)
         records, flags = apply_verdicts(nb, server, spec.expected, execution)
     finally:
         server.close()
-        if not zygote.sandboxed:
+        if not sandbox.sandboxed:
             import shutil
 
-            shutil.rmtree(zygote.work_dir(job.assignment), ignore_errors=True)
+            shutil.rmtree(sandbox.work_dir(job.assignment), ignore_errors=True)
     nb, resources = IgnorePattern().preprocess(nb, resources)
     nb, resources = LimitOutput().preprocess(nb, resources)
     result.checks = records
@@ -290,46 +304,4 @@ def grade_submission(job: Job, zygote: Zygote, judges: dict) -> Result:
     result.cell_cpu_seconds = execution.cell_cpu_seconds
     result.kernel_seconds = execution.kernel_seconds
     result.kernels = execution.kernels
-    result.notebook_json = nbformat.writes(nb)
-    result.scores = scores_of(nb)
-    result.seconds = time.monotonic() - started
-    return result
-
-
-# ---------------------------------------------------------------- the worker process
-
-_worker: dict = {}
-PR_SET_PDEATHSIG = 1
-
-
-def worker_init(course_root: str, limits: Limits, sandboxed: bool, base_dir: str) -> None:
-    """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    slot = claim_slot()
-    zygote = Zygote(slot, Path(course_root), limits, sandboxed=sandboxed, base_dir=Path(base_dir))
-    zygote.launch()  # the sandbox imports torch while this process does the same
-    import atexit
-
-    atexit.register(zygote.close)  # and wait for it: its CPU time is then counted as ours
-    from . import execute, judge  # noqa: F401
-    _worker.update(zygote=zygote, judges={})
-    zygote.wait_ready()
-    if os.environ.get("AUTOGRADER_TRACE"):
-        import sys
-
-        print(f"[worker {slot}] warm", file=sys.stderr, flush=True)
-
-
-def grade_in_worker(job: Job) -> Result:
-    zygote: Zygote = _worker["zygote"]
-    zygote.limits = job.limits
-    zygote.ensure()
-    return grade_submission(job, zygote, _worker["judges"])
-
-
-def worker_pid() -> int:
-    return os.getpid()
+    return finish(result, nb, spec, started)

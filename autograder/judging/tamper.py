@@ -25,6 +25,8 @@ from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateI
                                     OverwriteCells, OverwriteKernelspec)
 from traitlets import Any
 
+from .cells import tracked_id
+
 # Modules whose attributes a notebook has no business replacing.
 WATCHED_MODULES = {"torch", "numpy", "math", "builtins", "autograder", "sys", "IPython", "nbgrader"}
 # ... except these, which honest notebooks do set.
@@ -169,13 +171,6 @@ class Inspection:
         self.details.append(detail)
 
 
-def _graded_id(cell) -> str | None:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    if meta.get("grade") or meta.get("solution") or meta.get("locked") or meta.get("task"):
-        return meta.get("grade_id")
-    return None
-
-
 def _python(source: str) -> str:
     """Cell source as plain Python (IPython magics turned into calls)."""
     try:
@@ -269,14 +264,14 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
     released_source = {}
     release_order = []
     for cell in released.cells:
-        gid = _graded_id(cell)
+        gid = tracked_id(cell)
         if gid:
             released_source[gid] = cell.source
             release_order.append(gid)
     seen: dict[str, int] = {}
     order = []
     for cell in nb.cells:
-        gid = _graded_id(cell)
+        gid = tracked_id(cell)
         if not gid:
             continue
         seen[gid] = seen.get(gid, 0) + 1

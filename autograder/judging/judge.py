@@ -24,9 +24,9 @@ import socketserver
 import threading
 from dataclasses import dataclass, field
 
-from . import checks, reference, verdict
+from .. import checks, reference, verdict
 
-from .verdict import mistake_of
+from ..verdict import mistake_of
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Judge:
     """The reference side of one assignment's checks, kept for a worker's lifetime."""
 
     def __init__(self, assignment: str, cells: list[tuple[str, str]]):
-        from .exercises import module_for
+        from ..exercises import module_for
 
         self.assignment = assignment
         self.cells = [tuple(cell) for cell in cells]

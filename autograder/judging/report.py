@@ -22,8 +22,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-REVIEW = ("graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
-          "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name")
+from .flags import FAULT_PREFIX, for_review, is_fault
+
 
 
 @dataclass
@@ -161,10 +161,10 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         parts.append("<p>None recorded.</p>")
     flagged, faults, rejected = [], [], []
     for (student, assignment, notebook), summary in sorted(summaries.items()):
-        review = [f for f in summary.get("flags", []) if f in REVIEW]
+        review = for_review(summary.get("flags", []))
         if review:
             flagged.append((student, assignment, ", ".join(review), "; ".join(summary.get("messages", []))[:600]))
-        fault = [f for f in summary.get("flags", []) if f.startswith("fault:") or f == "output-truncated"]
+        fault = [f for f in summary.get("flags", []) if is_fault(f)]
         if fault:
             faults.append((student, assignment, ", ".join(fault), "; ".join(
                 m for m in summary.get("messages", []) if m.startswith("cell "))[:600]))
@@ -206,15 +206,15 @@ def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, s
             totals[row.student] += row.points
             top[row.student] += row.max_points
         flagged = sum(1 for (s, a, _), x in ledger_summaries.items() if a == assignment and
-                      any(f in REVIEW for f in x.get("flags", [])))
+                      for_review(x.get("flags", [])))
         faulty = sum(1 for (s, a, _), x in ledger_summaries.items() if a == assignment and
-                     any(f.startswith("fault:") for f in x.get("flags", [])))
+                     any(f.startswith(FAULT_PREFIX) for f in x.get("flags", [])))
         lines.append(f"{assignment:<20}{len(totals):>9}{statistics.fmean(totals.values()):>8.2f}"
                      f"{max(top.values()):>6g}{flagged:>9}{faulty:>8}")
     mistakes = Counter(row.mistake for row in rows if row.mistake and row.mistake != "tampering")
     if mistakes:
         lines.append("Most common misconceptions: " + ", ".join(f"{m} ({n})" for m, n in mistakes.most_common(5)))
-    flagged = [(s, a, [f for f in x.get("flags", []) if f in REVIEW]) for (s, a, _), x in sorted(ledger_summaries.items())]
+    flagged = [(s, a, for_review(x.get("flags", []))) for (s, a, _), x in sorted(ledger_summaries.items())]
     flagged = [f for f in flagged if f[2]]
     if flagged:
         shown = "; ".join(f"{s}/{a}: {', '.join(f)}" for s, a, f in flagged[:6])

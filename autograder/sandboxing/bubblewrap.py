@@ -1,15 +1,15 @@
 """Where student notebooks run: Debian's bubblewrap, resource limits, a warm interpreter.
 
-The trusted side of the sandbox. Each grading worker starts one ``Zygote``: a
-bubblewrap sandbox around ``python -m autograder.zygote``, an interpreter that
+The trusted side of the sandbox. Each grading thread keeps one ``WarmSandbox``: a
+bubblewrap sandbox around ``python -m autograder.sandboxing.zygote``, an interpreter that
 has imported torch and the kernel machinery once and forks a fresh kernel for
 every notebook. The sandbox has
 
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
-  environment, the course's own Python packages (``autograder`` as source files
-  only, the widgets), ``assets/``; nothing else of the course, so no
-  ``solutions/``, no gradebook, no submissions or feedback;
+  environment, the course's own Python packages (``autograder``, the
+  widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
+  and none of the class's data (``coursework/``: gradebook, submissions, feedback);
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
   kernel is up;
@@ -38,7 +38,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parents[1]  # autograder/, code only
 SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
 # Imported once per worker, before any notebook: what every graded kernel needs.
 PRELOAD = [
@@ -121,21 +121,6 @@ def _python_roots() -> list[Path]:
     return [r for r in kept if not r.is_relative_to(Path("/usr"))]
 
 
-def _package_files() -> list[Path]:
-    """The ``autograder`` package as source files only (its folder is also nbgrader's
-    course root, with the gradebook and the submissions, which must stay outside)."""
-    files = []
-    stack = [PACKAGE]
-    while stack:
-        folder = stack.pop()
-        for entry in sorted(folder.iterdir()):
-            if entry.is_dir() and (entry / "__init__.py").is_file():
-                stack.append(entry)
-            elif entry.suffix == ".py" and entry.is_file():
-                files.append(entry)
-    return files
-
-
 def _widgets_folder() -> Path | None:
     spec = importlib.util.find_spec("course_widgets")
     if spec is None or not spec.submodule_search_locations:
@@ -171,8 +156,7 @@ def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits:
         binds.append(("--ro-bind", path, path))
     for root in _python_roots():
         binds.append(("--ro-bind", root, root))
-    for path in _package_files():
-        binds.append(("--ro-bind", path, path))
+    binds.append(("--ro-bind", PACKAGE, PACKAGE))  # code only: the class's data is in coursework/
     widgets = _widgets_folder()
     if widgets is not None:
         binds.append(("--ro-bind", widgets, widgets))
@@ -217,8 +201,13 @@ def kernel_environment(socket_path: str | None) -> dict:
     return env
 
 
-class Zygote:
-    """One worker's warm interpreter, in its sandbox (or not, when unsandboxed)."""
+class WarmSandbox:
+    """One worker's warm interpreter (``zygote.Zygote``), in its sandbox (or not, when unsandboxed).
+
+    ``limits`` are the sandbox's own (process count, scratch size), fixed when it
+    starts; each notebook's limits (time, memory, CPU, file size) travel with its
+    job to ``execute.ContainedExecute`` and the kernel it spawns.
+    """
 
     def __init__(self, slot: int, course_root: Path, limits: Limits, sandboxed: bool = True,
                  base_dir: Path | None = None):
@@ -264,7 +253,7 @@ class Zygote:
         return self.run_dir / "work" / assignment
 
     def command(self) -> list[str]:
-        inner = [sys.executable, "-s", "-m", "autograder.zygote", json.dumps(self._config())]
+        inner = [sys.executable, "-s", "-m", "autograder.sandboxing.zygote", json.dumps(self._config())]
         if not self.sandboxed:
             return inner
         return bwrap_command(self.course_root, self.run_dir, self.notebooks_dir, self.limits, inner, self.as_root)
@@ -345,30 +334,26 @@ class Zygote:
                     pass
             self.process = None
 
-    def remove(self) -> None:
-        self.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
-
     # ------------------------------------------------------------ requests
     def request(self, op: str, timeout: float = 60.0, **fields) -> dict:
         if not self.alive():
-            raise ZygoteGone("the sandbox's interpreter is gone")
+            raise SandboxGone("the sandbox's interpreter is gone")
         assert self.process is not None and self.process.stdin is not None
         try:
             self.process.stdin.write((json.dumps({"op": op, **fields}) + "\n").encode("utf-8"))
             self.process.stdin.flush()
         except OSError as error:
-            raise ZygoteGone(f"the sandbox's interpreter is gone ({error})") from None
+            raise SandboxGone(f"the sandbox's interpreter is gone ({error})") from None
         line = self._read(timeout)
         if not line:
-            raise ZygoteGone("the sandbox's interpreter did not answer")
+            raise SandboxGone("the sandbox's interpreter did not answer")
         reply = json.loads(line)
         if not reply.get("ok"):
             raise RuntimeError(f"sandbox request {op} failed: {reply.get('error')}")
         return reply
 
 
-class ZygoteGone(RuntimeError):
+class SandboxGone(RuntimeError):
     """The warm interpreter died (a notebook killed it): start it again."""
 
 

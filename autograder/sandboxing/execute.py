@@ -2,7 +2,7 @@
 
 ``ContainedExecute`` is nbgrader's own ``Execute`` preprocessor (nbclient
 underneath, with nbgrader's timeout and error handling), driven one cell at a
-time against kernels forked by a ``sandbox.Zygote``:
+time against kernels forked by a ``sandbox.WarmSandbox``:
 
 - a cell that runs past its time limit is interrupted; if the interrupt does
   not stop it (a loop that swallows KeyboardInterrupt) the kernel is killed;
@@ -15,7 +15,7 @@ time against kernels forked by a ``sandbox.Zygote``:
 - printed output beyond a limit per cell is dropped (with a note), so 50 MB of
   prints cost neither memory nor time downstream.
 
-``SandboxKernelManager`` makes a kernel forked by the zygote look like any
+``SandboxKernelManager`` makes a kernel forked by the sandbox look like any
 Jupyter kernel to nbclient.
 """
 from __future__ import annotations
@@ -33,16 +33,18 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 
-from .sandbox import Limits, Zygote, ZygoteGone
+from ..judging.cells import error_output, graded_id
+from .bubblewrap import Limits, SandboxGone, WarmSandbox
 
 
 class SandboxKernelManager(AsyncKernelManager):
-    """A Jupyter kernel forked by a ``Zygote``; nbclient drives it like any other."""
+    """A Jupyter kernel forked by a ``WarmSandbox``; nbclient drives it like any other."""
 
-    def __init__(self, zygote: Zygote, kernel_dir: Path, cwd: str, env: dict, arguments: list[str],
-                 files: dict | None = None, **kwargs):
+    def __init__(self, sandbox: WarmSandbox, limits: Limits, kernel_dir: Path, cwd: str, env: dict,
+                 arguments: list[str], files: dict | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.zygote = zygote
+        self.sandbox = sandbox
+        self.limits = limits  # the notebook's, from its job
         self.kernel_dir = Path(kernel_dir)
         self.kernel_cwd = cwd
         self.kernel_env = env
@@ -67,13 +69,13 @@ class SandboxKernelManager(AsyncKernelManager):
 
     async def _async_start_kernel(self, **kwargs) -> None:  # type: ignore[override]
         self.kernel_dir.mkdir(parents=True, exist_ok=True)
-        self.zygote.own(self.kernel_dir, writable=True)
+        self.sandbox.own(self.kernel_dir, writable=True)
         self.write_connection_file()
-        if self.zygote.as_root and self.zygote.sandboxed and self.zygote.uid is not None:
-            os.chown(self.connection_file, self.zygote.uid, self.zygote.uid)
-        reply = self.zygote.request(
+        if self.sandbox.as_root and self.sandbox.sandboxed and self.sandbox.uid is not None:
+            os.chown(self.connection_file, self.sandbox.uid, self.sandbox.uid)
+        reply = self.sandbox.request(
             "spawn", connection_file=self.connection_file, cwd=self.kernel_cwd, env=self.kernel_env,
-            arguments=self.kernel_arguments, limits=asdict(self.zygote.limits), files=self.kernel_files,
+            arguments=self.kernel_arguments, limits=asdict(self.limits), files=self.kernel_files,
             log="/tmp/kernel.log")
         self._pid = reply["pid"]
 
@@ -81,22 +83,22 @@ class SandboxKernelManager(AsyncKernelManager):
 
     def lock(self) -> None:
         """Once the kernel has made its sockets, the notebook may not write there any more."""
-        self.zygote.own(self.kernel_dir, writable=False)
+        self.sandbox.own(self.kernel_dir, writable=False)
 
     async def _async_is_alive(self) -> bool:  # type: ignore[override]
         if self._pid is None:
             return False
         try:
-            return bool(self.zygote.request("poll", pid=self._pid)["alive"])
-        except ZygoteGone:
+            return bool(self.sandbox.request("poll", pid=self._pid)["alive"])
+        except SandboxGone:
             return False
 
     async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
         """Interrupt the kernel, first killing what it started (a fork bomb would starve it)."""
         if self._pid is not None:
             try:
-                self.swept += int(self.zygote.request("interrupt", pid=self._pid).get("killed", 0))
-            except ZygoteGone:
+                self.swept += int(self.sandbox.request("interrupt", pid=self._pid).get("killed", 0))
+            except SandboxGone:
                 pass
 
     def sweep(self) -> int:
@@ -107,8 +109,8 @@ class SandboxKernelManager(AsyncKernelManager):
         if self._pid is None:
             return 0
         try:
-            reply = self.zygote.request("sweep", pid=self._pid)
-        except ZygoteGone:
+            reply = self.sandbox.request("sweep", pid=self._pid)
+        except SandboxGone:
             return 0
         self.headroom_mb = reply.get("headroom_mb")
         if reply.get("cpu") is not None:
@@ -117,10 +119,10 @@ class SandboxKernelManager(AsyncKernelManager):
 
     async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         try:
-            reply = self.zygote.request("reset", timeout=120, pid=self._pid)
+            reply = self.sandbox.request("reset", timeout=120, pid=self._pid)
             if reply.get("cpu") is not None:
                 self.cpu = reply["cpu"]
-        except ZygoteGone:
+        except SandboxGone:
             pass
         self._pid = None
         await self.cleanup_resources()
@@ -161,22 +163,13 @@ class Execution:
     stray_processes: int = 0     # processes cells left behind, killed
 
 
-def error_output(ename: str, evalue: str):
-    return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])  # noqa: E731
-
-
-def _grade_id(cell) -> str | None:
-    meta = cell.metadata.get("nbgrader", {})
-    return meta.get("grade_id") if meta.get("grade") else None
-
-
 class ContainedExecute(Execute):
     """nbgrader's Execute, one cell at a time, in fresh sandboxed kernels after faults."""
 
-    def __init__(self, zygote: Zygote, limits: Limits, cwd: str, env: dict, arguments: list[str],
+    def __init__(self, sandbox: WarmSandbox, limits: Limits, cwd: str, env: dict, arguments: list[str],
                  files: dict | None = None, server=None, **kwargs):
         super().__init__(**kwargs)
-        self.zygote = zygote
+        self.sandbox = sandbox
         self.limits = limits
         self.kernel_cwd = cwd
         self.kernel_env = env
@@ -263,10 +256,10 @@ class ContainedExecute(Execute):
         self._kernel_count += 1
         for attempt in range(2):
             try:
-                self.zygote.ensure()
+                self.sandbox.ensure()
                 self.km = SandboxKernelManager(
-                    self.zygote, self.zygote.run_dir / f"kernel{self._kernel_count}-{attempt}", self.kernel_cwd,
-                    self.kernel_env, self.kernel_arguments, self.kernel_files)
+                    self.sandbox, self.limits, self.sandbox.run_dir / f"kernel{self._kernel_count}-{attempt}",
+                    self.kernel_cwd, self.kernel_env, self.kernel_arguments, self.kernel_files)
                 await self.km.start_kernel()
                 self.kc = self.km.client()
                 self.kc.start_channels()
@@ -276,10 +269,10 @@ class ContainedExecute(Execute):
                 self.km.sweep()
                 self.km.cpu_ready = self.km.cpu
                 return
-            except (ZygoteGone, DeadKernelError, RuntimeError) as error:
+            except (SandboxGone, DeadKernelError, RuntimeError) as error:
                 await self._stop_kernel()
                 if attempt:
-                    raise RuntimeError(f"no kernel could start: {error}; {self.zygote.log_tail()}") from error
+                    raise RuntimeError(f"no kernel could start: {error}; {self.sandbox.log_tail()}") from error
 
     async def _stop_kernel(self) -> None:
         if self.km is not None:
@@ -303,12 +296,12 @@ class ContainedExecute(Execute):
         cell = self.nb.cells[index]
         self._timed_out = False
         if self.server is not None:
-            self.server.start_cell(_grade_id(cell))
+            self.server.start_cell(graded_id(cell))
         try:
             await self.async_execute_cell(cell, index, store_history=True)
         except CellTimeoutError:
             return "hung"
-        except (DeadKernelError, ZygoteGone):
+        except (DeadKernelError, SandboxGone):
             return "died"
         except Exception:
             if self.km is not None and not await self.km.is_alive():
@@ -345,7 +338,7 @@ class ContainedExecute(Execute):
             report.kernels += 1
             report.kernel_seconds += time.monotonic() - started
             if self.server is not None:
-                self.server.new_kernel([_grade_id(self.nb.cells[i]) for i in faulty])
+                self.server.new_kernel([graded_id(self.nb.cells[i]) for i in faulty])
             restart = False
             for index in code_cells:
                 if index in faulty:

@@ -1,6 +1,6 @@
 """Grading on a Dask cluster: ``./course grade --scheduler tcp://HOST:8786``.
 
-The local mode (``grade.WorkerPool``) stays the default. Given a scheduler
+The local mode (``runners.LocalPool``) stays the default. Given a scheduler
 address (``--scheduler`` or Dask's own ``DASK_SCHEDULER_ADDRESS``), the grade
 command sends each submission notebook as one ``dask.distributed`` task
 instead. Nothing else changes:
@@ -10,11 +10,12 @@ instead. Nothing else changes:
   cells, released data files). Workers need no shared folder, only a checkout
   of the same course (the same grader code, checked: ``code_digest``) set up
   with ``./course worker``.
-- On each worker process ``GraderPlugin`` keeps warm sandboxes (``Station``:
-  one ``sandbox.Zygote`` per thread that grades), exactly the local mode's
-  sandboxed execution (``job.grade_submission``), and returns a ``Result``.
-- Only the grade command's own process writes the gradebook, feedback, CSV
-  and report (``writer.Writer``), as results arrive.
+- On each worker process ``GraderPlugin`` keeps warm sandboxes
+  (``runners.Station``: one per thread that grades) and grades with exactly the
+  local mode's code (``runners.grade_at``), and returns a ``Result``: the graded
+  notebook, its scores and its feedback page.
+- Only the grade command's own process writes the gradebook, the files, the CSV
+  and the report (``writer.Writer``), as results arrive.
 - A worker that dies loses no work: the scheduler runs its tasks elsewhere,
   and a result is committed once, when its task's future completes. A
   submission that was running each time ``allowed-failures`` + 1 workers died
@@ -29,8 +30,6 @@ the command stops with nothing written.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import shutil
 import tempfile
@@ -40,78 +39,17 @@ from pathlib import Path
 
 from distributed import WorkerPlugin
 
-from .job import WORKERS_DIED, Job, Result, failed_result, grade_submission
-from .sandbox import Limits, Zygote, claim_slot, probe
+from .identity import code_digest
+from .job import WORKERS_DIED, Job, Result, failed_result
+from .runners import Station, grade_at
+from ..sandboxing.bubblewrap import probe
 
-PACKAGE = Path(__file__).resolve().parent
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout each worker runs (its assets/)
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
 WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
 
 
-@functools.cache
-def code_digest() -> str:
-    """What grading code this process runs: the grader's and the widgets' Python files, read
-    once (a checkout updated under a running worker still counts as what it loaded)."""
-    import course_widgets
-
-    hasher = hashlib.sha256()
-    for package in (PACKAGE, Path(course_widgets.__file__).resolve().parent):
-        for path in sorted(package.rglob("*.py")):
-            hasher.update(str(path.relative_to(package.parent)).encode())
-            hasher.update(path.read_bytes())
-    return hasher.hexdigest()
-
-
 # ---------------------------------------------------------------- on the workers
-
-class Station:
-    """One worker process's warm sandboxes, one per thread that grades at a time."""
-
-    def __init__(self, sandboxed: bool):
-        self.sandboxed = sandboxed
-        _sweep_leftovers()
-        self.base = Path(tempfile.mkdtemp(prefix=f"ag-dask-{os.getpid()}-"))
-        self.idle: list[dict] = []
-        self.everyone: list[dict] = []
-        self.lock = threading.Lock()
-
-    def _new(self) -> dict:
-        zygote = Zygote(claim_slot(), PACKAGE.parent, Limits(), sandboxed=self.sandboxed, base_dir=self.base)
-        zygote.launch()
-        entry = {"zygote": zygote, "judges": {}}
-        with self.lock:
-            self.everyone.append(entry)
-        return entry
-
-    def warm(self) -> None:
-        """Start one sandbox now (unless there is one), so the first task finds it ready."""
-        with self.lock:
-            if self.everyone:
-                return
-        entry = self._new()
-        with self.lock:
-            self.idle.append(entry)
-
-    def take(self) -> dict:
-        with self.lock:
-            entry = self.idle.pop() if self.idle else None
-        if entry is None:
-            entry = self._new()
-        if not entry["zygote"].info:  # launched, not yet heard from
-            entry["zygote"].wait_ready()
-        return entry
-
-    def give_back(self, entry: dict) -> None:
-        with self.lock:
-            self.idle.append(entry)
-
-    def close(self) -> None:
-        with self.lock:
-            entries, self.everyone, self.idle = self.everyone, [], []
-        for entry in entries:
-            entry["zygote"].close()
-        shutil.rmtree(self.base, ignore_errors=True)
-
 
 def _sweep_leftovers() -> None:
     """Remove the scratch folders of worker processes that were killed before they could."""
@@ -126,9 +64,12 @@ _stations_lock = threading.Lock()
 
 
 def station(sandboxed: bool) -> Station:
+    """This worker process's warm sandboxes (``runners.Station``: one per grading thread)."""
     with _stations_lock:
         if sandboxed not in _stations:
-            _stations[sandboxed] = Station(sandboxed)
+            _sweep_leftovers()
+            _stations[sandboxed] = Station(REPOSITORY, sandboxed,
+                                           base=Path(tempfile.mkdtemp(prefix=f"ag-dask-{os.getpid()}-")))
         return _stations[sandboxed]
 
 
@@ -153,14 +94,16 @@ class GraderPlugin(WorkerPlugin):
 
 
 def dask_setup(worker) -> None:
-    """``dask worker --preload autograder.distributed`` (what ``./course worker`` runs): warm up
+    """``dask worker --preload autograder.engine.distributed`` (what ``./course worker`` runs): warm up
     as the worker starts, before any grade command connects, so the first notebook waits for
     nothing. A worker whose sandbox cannot start still starts; the command's check says why."""
     import logging
 
-    from . import execute, judge  # noqa: F401  (torch, nbclient: what grading imports)
+    from ..sandboxing import execute  # noqa: F401  (torch, nbclient: what grading imports)
 
-    reason = probe(PACKAGE.parent)
+    from ..judging import judge  # noqa: F401
+
+    reason = probe(REPOSITORY)
     if reason is None:
         station(True).warm()
     else:
@@ -177,7 +120,7 @@ def check_worker(sandboxed: bool, digest: str) -> str | None:
         return ("it runs different grading code than this command (update its checkout of the course to the "
                 "same commit and restart it)")
     if sandboxed:
-        reason = probe(PACKAGE.parent)
+        reason = probe(REPOSITORY)
         if reason:
             return reason
     return None
@@ -188,15 +131,7 @@ def grade_task(job: Job, digest: str, sandboxed: bool) -> Result:
     if code_digest() != digest:
         raise RuntimeError("this worker runs different grading code than the grade command; "
                            "update its checkout and restart it")
-    here = station(sandboxed)
-    entry = here.take()
-    try:
-        zygote: Zygote = entry["zygote"]
-        zygote.limits = job.limits
-        zygote.ensure()
-        result = grade_submission(job, zygote, entry["judges"])
-    finally:
-        here.give_back(entry)
+    result = grade_at(station(sandboxed), job)
     try:
         from distributed import get_worker
 
@@ -211,7 +146,7 @@ def grade_task(job: Job, digest: str, sandboxed: bool) -> Result:
 class DaskCluster:
     """The grade command's side: connect, check the workers, grade ``jobs`` there.
 
-    Same interface as ``grade.WorkerPool`` (``start``, ``run``, ``close``, ``join``).
+    A ``runners.Runner``, as ``runners.LocalPool`` is.
     """
 
     def __init__(self, address: str, sandboxed: bool):
@@ -249,7 +184,7 @@ class DaskCluster:
                                                           ", or pass --unsandboxed if it is the sandbox."))
         return None
 
-    def describe(self) -> str:
+    def describe(self, jobs: int) -> str:
         workers = self.client.scheduler_info(n_workers=-1)["workers"] if self.client else {}
         threads = sum(w.get("nthreads", 0) for w in workers.values())
         return f"the Dask cluster at {self.address} ({len(workers)} worker(s), {threads} thread(s))"

@@ -18,7 +18,7 @@ one JSON line on stdout:
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
 bubblewrap (``sandbox.bwrap_command``) where those paths do not exist.
-Run as ``python -m autograder.zygote CONFIG_JSON``.
+Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``.
 """
 from __future__ import annotations
 

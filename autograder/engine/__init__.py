@@ -1,0 +1,1 @@
+"""The orchestration of ``./course grade``: see ``autograder/__init__.py``."""

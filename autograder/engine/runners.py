@@ -1,0 +1,239 @@
+"""Where notebooks are graded: one contract, two runners, the same warm sandboxes underneath.
+
+A runner (``Runner``) grades ``job.Job``s and hands each ``job.Result`` to the
+command's ``on_result`` as it finishes, in the command's own process, which
+commits it (``writer``). Two implement it:
+
+- ``LocalPool`` (the default): spawned processes on this machine;
+- ``distributed.DaskCluster`` (``--scheduler``): a Dask cluster's workers.
+
+On the grading side both run the same code: a ``Station`` keeps one warm
+sandbox (``sandbox.WarmSandbox``, with its own worker slot) per thread that
+grades, and ``grade_at`` grades one job in one of them
+(``job.grade_submission``). A local pool process has one thread, so one
+sandbox; a Dask worker process keeps one per thread it grades with.
+"""
+from __future__ import annotations
+
+import concurrent.futures as futures
+import ctypes
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from .job import Job, Result, grade_submission
+from ..sandboxing.bubblewrap import Limits, WarmSandbox, claim_slot
+
+
+class Runner(Protocol):
+    """What the grade command needs from wherever notebooks are graded."""
+
+    def start(self, expected_jobs: int | None = None) -> None:
+        """Warm up (called early, while the command still reads the gradebook)."""
+
+    def describe(self, jobs: int) -> str:
+        """Where ``jobs`` notebooks will be graded, in words."""
+
+    def run(self, jobs: list[Job], on_result: Callable[[Result], None], progress=None) -> list[str]:
+        """Grade ``jobs``; ``on_result(result)`` here as each finishes; problems in words."""
+
+    def close(self) -> None:
+        """Let the workers go without waiting for them."""
+
+    def join(self) -> None:
+        """Wait for the workers to be gone."""
+
+
+# ---------------------------------------------------------------- the grading side, shared
+
+@dataclass
+class Seat:
+    """One warm sandbox and the judges (one per assignment snapshot) that grade in it."""
+
+    sandbox: WarmSandbox
+    judges: dict = field(default_factory=dict)
+
+
+class Station:
+    """One grading process's warm sandboxes: one per thread that grades at a time.
+
+    ``limits`` are the sandbox's own (process count, scratch size), set when
+    it starts; each notebook's limits travel with its job.
+    """
+
+    def __init__(self, course_root: Path, sandboxed: bool, limits: Limits = Limits(), base: Path | None = None):
+        self.course_root, self.sandboxed, self.limits = Path(course_root), sandboxed, limits
+        self.base = base or Path(tempfile.mkdtemp(prefix=f"ag-{os.getpid()}-"))
+        self.idle: list[Seat] = []
+        self.everyone: list[Seat] = []
+        self.lock = threading.Lock()
+
+    def _new(self) -> Seat:
+        sandbox = WarmSandbox(claim_slot(), self.course_root, self.limits, sandboxed=self.sandboxed,
+                              base_dir=self.base)
+        sandbox.launch()  # it imports torch while this process does other work
+        seat = Seat(sandbox)
+        with self.lock:
+            self.everyone.append(seat)
+        return seat
+
+    def warm(self) -> None:
+        """Start one sandbox now (unless there is one), so the first job finds it ready."""
+        with self.lock:
+            if self.everyone:
+                return
+        seat = self._new()
+        with self.lock:
+            self.idle.append(seat)
+
+    def take(self) -> Seat:
+        with self.lock:
+            seat = self.idle.pop() if self.idle else None
+        if seat is None:
+            seat = self._new()
+        if not seat.sandbox.info:  # launched, not yet heard from
+            seat.sandbox.wait_ready()
+        return seat
+
+    def give_back(self, seat: Seat) -> None:
+        with self.lock:
+            self.idle.append(seat)
+
+    def close(self) -> None:
+        with self.lock:
+            seats, self.everyone, self.idle = self.everyone, [], []
+        for seat in seats:
+            seat.sandbox.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def grade_at(station: Station, job: Job) -> Result:
+    """Grade ``job`` in one of ``station``'s sandboxes (restarted first if a notebook killed it)."""
+    seat = station.take()
+    try:
+        seat.sandbox.ensure()
+        return grade_submission(job, seat.sandbox, seat.judges)
+    finally:
+        station.give_back(seat)
+
+
+# ---------------------------------------------------------------- this machine's processes
+
+_station: list[Station] = []
+PR_SET_PDEATHSIG = 1
+
+
+def _pool_process_init(course_root: str, limits: Limits, sandboxed: bool, base_dir: str) -> None:
+    """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
+    import atexit
+
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    station = Station(Path(course_root), sandboxed, limits, Path(base_dir))
+    station.warm()
+    atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
+    from ..sandboxing import execute  # noqa: F401  (what grading imports, while the sandbox warms up)
+    from ..judging import judge  # noqa: F401
+    station.give_back(station.take())  # ready
+    _station.append(station)
+    if os.environ.get("AUTOGRADER_TRACE"):
+        import sys
+
+        print(f"[pool process {os.getpid()}] warm", file=sys.stderr, flush=True)
+
+
+def _grade_in_pool(job: Job) -> Result:
+    return grade_at(_station[0], job)
+
+
+def _pool_process_pid() -> int:
+    return os.getpid()
+
+
+class LocalPool:
+    """Grading processes on this machine, each with a warm sandbox (a ``Station`` of one).
+
+    ``start()`` launches them early, so they import torch and warm their
+    sandboxes while the command still reads the gradebook. A process that dies
+    (it should not: student code runs in the sandbox) is replaced and the
+    unfinished jobs are tried again, at most twice.
+    """
+
+    def __init__(self, course_root: Path, limits: Limits, sandboxed: bool, workers: int):
+        self.course_root, self.limits, self.sandboxed, self.workers = course_root, limits, sandboxed, workers
+        self.context = multiprocessing.get_context("spawn")
+        self.base = Path(tempfile.mkdtemp(prefix="ag-"))
+        self.executor: futures.ProcessPoolExecutor | None = None
+        self.retired: list[futures.ProcessPoolExecutor] = []
+
+    def describe(self, jobs: int) -> str:
+        return f"{min(self.workers, max(1, jobs))} worker(s)"
+
+    def start(self, expected_jobs: int | None = None) -> None:
+        if self.executor is not None:
+            return
+        count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
+        self.executor = futures.ProcessPoolExecutor(
+            max_workers=count, mp_context=self.context, initializer=_pool_process_init,
+            initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base)))
+        for _ in range(count):  # spawn them all now: each warms up while we prepare the jobs
+            self.executor.submit(_pool_process_pid)
+
+    def run(self, jobs: list[Job], on_result, progress=None) -> list[str]:
+        problems = []
+        pending = {id(job): job for job in jobs}
+        attempts: dict[int, int] = {}
+        while pending:
+            self.start(len(pending))
+            running = {self.executor.submit(_grade_in_pool, job): key for key, job in pending.items()}
+            broken = False
+            for future in futures.as_completed(running):
+                key = running[future]
+                try:
+                    result = future.result()
+                except futures.process.BrokenProcessPool:
+                    broken = True
+                    break
+                except Exception as error:
+                    job = pending.pop(key)
+                    problems.append(f"{job.student}/{job.assignment}: grading failed ({type(error).__name__}: {error})")
+                    if progress:
+                        progress.update(1)
+                    continue
+                pending.pop(key, None)
+                on_result(result)
+                if progress:
+                    progress.update(1)
+            if not broken:
+                break
+            self.close()
+            for key in list(pending):
+                attempts[key] = attempts.get(key, 0) + 1
+                if attempts[key] > 2:
+                    job = pending.pop(key)
+                    problems.append(f"{job.student}/{job.assignment}: its grading worker died twice; not graded")
+                    if progress:
+                        progress.update(1)
+        return problems
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.retired.append(self.executor)
+            self.executor = None
+
+    def join(self) -> None:
+        self.close()
+        for executor in self.retired:
+            executor.shutdown(wait=True)
+        self.retired = []
+        shutil.rmtree(self.base, ignore_errors=True)

@@ -1,0 +1,181 @@
+"""The single writer: results into the gradebook, graded notebooks, feedback and the ledger.
+
+Only the grading command's main process writes, one result at a time, so
+parallel workers never corrupt a SQLite gradebook (a Postgres ``db_url`` works
+the same way). Everything that is a function of one graded notebook was made by
+the worker that graded it (``job.finish``): the autograded notebook, its
+scores and comments by nbgrader's ``SaveAutoGrades`` rules, and its feedback
+page, rendered by nbgrader's ``GenerateFeedback`` exporter with the course's
+preprocessors (``feedback.GivenGrades`` in place of ``GetGrades``, the CSS
+header, ``feedback.HideHiddenTests``). Committing a result is then cheap, in
+one gradebook session kept open for the whole run and one transaction per
+notebook:
+
+- the student, the submission (with its timestamp), the scores and comments
+  (``SaveAutoGrades``' rules: a grade a human changed, or one the autograder
+  cannot give, needs manual grading), the late penalty (``AssignLatePenalties``'
+  plugin, as configured), the review flag;
+- the graded notebook and the feedback page, each written whole or not at all
+  (a temporary file renamed into place). When the gradebook knows more than the
+  worker could (a score or comment given by hand, a late penalty) the page is
+  rendered again here, with nbgrader's own ``GetGrades``, exactly as
+  ``nbgrader generate_feedback`` would;
+- the ledger (``coursework/.work/grading.sqlite``), last: a submission counts
+  as graded only once its grades, notebook and feedback are in place, so
+  killing the command at any moment and running it again grades exactly what is
+  missing and ends with the same gradebook as one clean run. A rerun skips
+  submissions whose file and grading setup (``AssignmentSpec.fingerprint``)
+  have not changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .flags import REVIEW_FLAGS
+from ..engine.job import Result
+
+
+def write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+class Ledger:
+    """What has been graded, from which file, with which grading setup; and what was found."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(path), timeout=60)
+        self.db.execute("""CREATE TABLE IF NOT EXISTS graded (
+            student TEXT, assignment TEXT, notebook TEXT, digest TEXT, fingerprint TEXT,
+            summary TEXT, graded_at REAL, PRIMARY KEY (student, assignment, notebook))""")
+        self.db.commit()
+
+    def state(self) -> dict:
+        return {(s, a, n): (d, f) for s, a, n, d, f in
+                self.db.execute("SELECT student, assignment, notebook, digest, fingerprint FROM graded")}
+
+    def record(self, result: Result) -> None:
+        summary = {
+            "graded": result.graded, "messages": result.messages, "flags": result.flags,
+            "checks": [asdict(c) if not isinstance(c, dict) else c for c in result.checks],
+            "cell_seconds": result.cell_seconds, "cell_cpu_seconds": result.cell_cpu_seconds,
+            "seconds": result.seconds, "kernels": result.kernels,
+            "kernel_seconds": result.kernel_seconds, "faults": result.faults, "worker": result.worker,
+            "started": result.started,
+        }
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO graded VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (result.student, result.assignment, result.notebook, result.digest,
+                             result.fingerprint, json.dumps(summary), time.time()))
+
+    def summaries(self) -> dict:
+        return {(s, a, n): json.loads(summary) for s, a, n, summary in
+                self.db.execute("SELECT student, assignment, notebook, summary FROM graded")}
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class Writer:
+    """Commits results; the only place that writes grades, graded notebooks and feedback."""
+
+    def __init__(self, coursedir, config, db_url: str, ledger: Ledger):
+        from nbgrader.api import Gradebook
+        from nbgrader.preprocessors import AssignLatePenalties
+
+        self.coursedir = coursedir
+        self.config = config
+        self.db_url = db_url
+        self.ledger = ledger
+        self.gradebook = Gradebook(db_url)
+        self.late = AssignLatePenalties(config=config)
+        self.late.init_plugin()
+        self.students: set[str] = set()
+        self._pages = None
+
+    def close(self) -> None:
+        self.gradebook.close()
+
+    def _path(self, folder: str, result: Result, extension: str) -> Path:
+        return Path(self.coursedir.format_path(folder, result.student, result.assignment)) / (
+            result.notebook + extension)
+
+    def commit(self, result: Result) -> None:
+        needs_page = self._grades(result)
+        write_atomically(self._path(self.coursedir.autograded_directory, result, ".ipynb"), result.notebook_json)
+        html = result.feedback_html
+        if needs_page or not html:
+            html = self._gradebook_pages().render(result.notebook_json, result.student, result.assignment,
+                                                  result.notebook, db_url=self.db_url)
+        write_atomically(self._path(self.coursedir.feedback_directory, result, ".html"), html)
+        self.ledger.record(result)
+
+    def _grades(self, result: Result) -> bool:
+        """The result into the gradebook, one transaction; whether the gradebook knows more than the
+        worker did (hand-given scores or comments, a late penalty), so the page must be rendered here."""
+        from nbgrader.utils import parse_utc
+
+        gradebook = self.gradebook
+        if result.student not in self.students:
+            gradebook.update_or_create_student(result.student)
+            self.students.add(result.student)
+        if result.timestamp:
+            submission = gradebook.update_or_create_submission(result.assignment, result.student,
+                                                               timestamp=parse_utc(result.timestamp))
+        else:
+            submission = gradebook.update_or_create_submission(result.assignment, result.student)
+        notebook = gradebook.find_submission_notebook(result.notebook, result.assignment, result.student)
+        grades = {grade.name: grade for grade in notebook.grades}
+        comments = {comment.name: comment for comment in notebook.comments}
+        try:
+            for name, (score, _) in result.scores.items():  # SaveAutoGrades._add_score
+                grade = grades[name]
+                grade.auto_score = score
+                grade.needs_manual_grade = grade.manual_score is not None or grade.auto_score is None
+            for name, comment_text in result.comments.items():  # SaveAutoGrades._add_comment
+                comments[name].auto_comment = comment_text
+            notebook.late_submission_penalty = None  # AssignLatePenalties, with its plugin
+            if submission.total_seconds_late > 0:
+                gradebook.db.flush()
+                gradebook.db.refresh(notebook)  # its score, from the grades just written
+                penalty = self.late.plugin_inst.late_submission_penalty(
+                    result.student, notebook.score, submission.total_seconds_late)
+                if penalty is not None:
+                    notebook.late_submission_penalty = self.late._check_late_penalty(notebook, penalty)
+            if any(flag in REVIEW_FLAGS for flag in result.flags):
+                notebook.flagged = True  # never cleared here: a human's flag stays
+            knows_more = bool(notebook.late_submission_penalty
+                              or any(g.manual_score is not None or g.extra_credit for g in grades.values())
+                              or any(c.manual_comment for c in comments.values()))
+            gradebook.db.commit()
+        except BaseException:
+            gradebook.db.rollback()
+            raise
+        return knows_more
+
+    def _gradebook_pages(self):
+        from .feedback import FeedbackPages
+
+        if self._pages is None:
+            self._pages = FeedbackPages(self.config, from_gradebook=True)
+        return self._pages

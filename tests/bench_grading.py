@@ -1,0 +1,442 @@
+"""Benchmark of ``./course grade``: ``./course bench grading`` (``python tests/bench_grading.py``).
+
+    ./course bench grading [--students 2] [--classes clean,mixed] [--skip-stock] [--skip-distributed]
+                           [--writer 400] [--keep DIR]
+
+For each class (``clean``: every answer right; ``mixed``: most right, some with
+one or two exercises wrong, a few broken: a syntax error, the untouched release,
+a file cut off mid-save), ``--students`` students over every released notebook
+are graded on this machine, each row on a fresh copy of the class:
+
+- stock nbgrader: ``nbgrader autograde`` then ``generate_feedback`` per assignment;
+- ``./course grade`` with 1 and with 2 local workers;
+- ``./course grade --scheduler`` on a local 2-worker Dask cluster
+  (``./course scheduler`` and ``./course worker``, started before the clock).
+
+Per row: wall time, notebooks per second, the grade command's main process
+per notebook (seconds its single writer spent committing, and its CPU seconds:
+what bounds the command however many workers grade), peak memory (summed over
+the process tree), and whether its grades agree with stock nbgrader's.
+
+``--writer N`` also commits N synthetic results (a graded notebook, its scores
+and its feedback page, as a worker makes them) through the real writer into a
+fresh gradebook: the notebooks per second one writer sustains. From that and
+the measured worker seconds per notebook a sizing table follows: minutes to
+grade a class of a given size with a given number of workers. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import nbformat
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+# ---------------------------------------------------------------- the class
+
+def make_course(root: Path, only: list[str] | None = None) -> list[str]:
+    """A course copy in ``root`` (config, solutions, a fresh gradebook and release); its assignments."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPOSITORY / "nbgrader_config.py", root)
+    shutil.copytree(REPOSITORY / "solutions", root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (root / "coursework").mkdir(exist_ok=True)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    api = NbGraderAPI(CourseDirectory(config=config), config=config)
+    assignments = only or sorted(p.name for p in (root / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
+    for assignment in assignments:
+        result = api.generate_assignment(assignment, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(result["error"])
+    return assignments
+
+
+def _answer_cells(notebook) -> dict:
+    return {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells
+            if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata["nbgrader"].get("grade")}
+
+
+def _bug(kind: str, stub: str, reference: str) -> str:
+    """A wrong answer of the given kind, from the released stub or the reference answer."""
+    if kind == "unfinished":
+        return stub
+    if kind == "no-return":
+        return stub.replace("raise NotImplementedError()", "pass")
+    if kind == "crash":
+        return stub.replace("raise NotImplementedError()", "return undefined_helper(locals())")
+    if kind == "syntax-error":
+        return reference.rstrip() + "\n    return (\n"
+    raise ValueError(kind)
+
+
+def submit_class(root: Path, assignments: list[str], students: int, seed: int, clean: bool = False) -> dict:
+    """Write every student's submissions (``clean``: every answer right); {kind: count}."""
+    rng = random.Random(seed)
+    counts: dict[str, int] = {}
+    for assignment in assignments:
+        released = nbformat.read(root / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+        solution = nbformat.read(root / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+        references = {gid: cell.source for gid, cell in _answer_cells(solution).items()}
+        for number in range(students):
+            student = f"student{number:03d}"
+            draw = rng.random()
+            notebook = nbformat.from_dict(json.loads(json.dumps(released)))
+            answers = _answer_cells(notebook)
+            for gid, cell in answers.items():
+                cell.source = references[gid]
+            names = sorted(answers)
+            if clean or draw < 0.55:
+                kind = "correct"
+            elif draw < 0.75:
+                kind = "one exercise wrong"
+                gid = rng.choice(names)
+                answers[gid].source = _bug(rng.choice(["unfinished", "no-return", "crash"]),
+                                           _answer_cells(released)[gid].source, references[gid])
+            elif draw < 0.87:
+                kind = "two exercises wrong"
+                for gid in rng.sample(names, min(2, len(names))):
+                    answers[gid].source = _bug(rng.choice(["unfinished", "no-return", "crash"]),
+                                               _answer_cells(released)[gid].source, references[gid])
+            elif draw < 0.93:
+                kind = "syntax error"
+                gid = rng.choice(names)
+                answers[gid].source = _bug("syntax-error", "", references[gid])
+            elif draw < 0.97:
+                kind = "untouched"
+                notebook = released
+            else:
+                kind = "cut off mid-save"
+            counts[kind] = counts.get(kind, 0) + 1
+            folder = root / "coursework" / "submitted" / student / assignment
+            folder.mkdir(parents=True, exist_ok=True)
+            text = nbformat.writes(notebook)
+            if kind == "cut off mid-save":
+                text = text[: len(text) // 3]
+            (folder / f"{assignment}.ipynb").write_text(text, encoding="utf-8")
+    return counts
+
+
+# ---------------------------------------------------------------- measuring
+
+def _pss(pid: int) -> int | None:
+    """Proportional set size in bytes: shared pages count once in all (forked kernels share torch)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class PeakMemory:
+    """Highest memory of this process's descendants, summed, sampled 10 times a second.
+
+    ``peak_mb`` sums their proportional set sizes (a page shared by n processes
+    counts 1/n to each: what the tree really holds); ``peak_rss_mb`` sums their
+    resident sizes (a page shared by forked kernels counts once per process).
+    """
+
+    def __init__(self):
+        self.peak_mb = 0.0
+        self.peak_rss_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _tree_mb(self) -> tuple[float, float]:
+        parents, rss = {}, {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                parents[int(name)] = int(fields[1])
+                rss[int(name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, IndexError, ValueError):
+                continue
+        me, total, proportional = os.getpid(), 0, 0
+        for pid in rss:
+            ancestor, depth = parents.get(pid), 0
+            while ancestor and ancestor != me and depth < 50:
+                ancestor, depth = parents.get(ancestor), depth + 1
+            if ancestor == me:
+                total += rss[pid]
+                pss = _pss(pid)
+                proportional += rss[pid] if pss is None else pss
+        return proportional / 2 ** 20, total / 2 ** 20
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            pss, rss = self._tree_mb()
+            self.peak_mb, self.peak_rss_mb = max(self.peak_mb, pss), max(self.peak_rss_mb, rss)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def _cpu_of_children() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(command: list[str], cwd: Path) -> tuple[float, tuple[float, float], float, subprocess.CompletedProcess]:
+    """(wall seconds, (peak PSS MB, peak RSS MB), CPU seconds of the whole process tree, the result)."""
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    cpu = _cpu_of_children()
+    with PeakMemory() as memory:
+        started = time.perf_counter()
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+    return seconds, (memory.peak_mb, memory.peak_rss_mb), _cpu_of_children() - cpu, result
+
+
+def grades(root: Path) -> dict:
+    from nbgrader.api import Gradebook
+
+    found = {}
+    with Gradebook(f"sqlite:///{root / 'coursework' / 'gradebook.db'}") as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in assignment.submissions:
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        found[(submission.student.id, assignment.name, grade.name)] = grade.score
+    return found
+
+
+
+
+def run_stats(root: Path) -> dict:
+    """What the grade command recorded about its own run (``coursework/.work/last-run.json``)."""
+    path = root / "coursework" / ".work" / "last-run.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def worker_seconds(root: Path) -> list[float]:
+    """Seconds each notebook took on its worker (from the ledger)."""
+    import sqlite3
+
+    with sqlite3.connect(root / "coursework" / ".work" / "grading.sqlite") as db:
+        return [json.loads(summary).get("seconds", 0.0) for (summary,) in db.execute("SELECT summary FROM graded")]
+
+
+# ---------------------------------------------------------------- the rows
+
+class Row:
+    def __init__(self, label: str, wall: float, notebooks: int, memory: tuple, cpu: float, stats: dict | None,
+                 agree: str = ""):
+        self.label, self.wall, self.notebooks, self.memory, self.cpu = label, wall, notebooks, memory, cpu
+        self.stats, self.agree = stats, agree
+
+    def line(self) -> str:
+        rate = self.notebooks / self.wall if self.wall else 0.0
+        if self.stats:
+            commit = f"{self.stats['commit_seconds'] / max(1, self.stats['notebooks']):>13.3f}"
+            main = f"{self.stats['main_cpu_seconds'] / max(1, self.stats['notebooks']):>13.3f}"
+        else:
+            commit = main = f"{'-':>13}"
+        return (f"{self.label:<34}{self.wall:>8.1f}{rate:>8.2f}{commit}{main}{self.memory[0]:>9.0f}"
+                f"{self.cpu:>8.1f}  {self.agree}")
+
+
+HEADER = (f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}"
+          "  grades")
+
+
+def stock_row(course: Path, assignments: list[str], notebooks: int) -> Row:
+    nbgrader = str(Path(sys.executable).parent / "nbgrader")
+    started, peak, cpu = time.perf_counter(), (0.0, 0.0), 0.0
+    for assignment in assignments:
+        for step in ("autograde", "generate_feedback"):
+            _, memory, used, result = _run([nbgrader, step, assignment, "--force"], course)
+            peak, cpu = (max(peak[0], memory[0]), max(peak[1], memory[1])), cpu + used
+            if result.returncode:
+                last = (result.stderr.strip().splitlines() or [""])[-1][:160]
+                print(f"  stock nbgrader {step} {assignment} exited {result.returncode} "
+                      f"(it does when a submission cannot be graded): {last}", flush=True)
+    return Row("stock nbgrader (one by one)", time.perf_counter() - started, notebooks, peak, cpu, None)
+
+
+GRADE = [sys.executable, "-m", "autograder.grade", "--quiet"]
+
+
+def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None) -> Row:
+    wall, memory, cpu, result = _run(GRADE + ["--local", "--workers", str(workers)], course)
+    if result.returncode:
+        print(result.stdout[-1500:], result.stderr[-1500:])
+    return Row(f"./course grade, {workers} worker(s)", wall, notebooks, memory, cpu, run_stats(course),
+               agreement(reference, grades(course)))
+
+
+def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None, logs: Path) -> Row:
+    from local_cluster import LocalCluster
+
+    with LocalCluster(logs) as cluster:
+        cluster.start_worker("bench", "--nworkers", str(workers))
+        cluster.wait_for_workers(workers)
+        wall, memory, cpu, result = _run(GRADE + ["--scheduler", cluster.address], course)
+    if result.returncode:
+        print(result.stdout[-1500:], result.stderr[-1500:])
+    return Row(f"./course grade on Dask, {workers} workers", wall, notebooks, memory, cpu, run_stats(course),
+               agreement(reference, grades(course)))
+
+
+def agreement(reference: dict | None, found: dict) -> str:
+    if reference is None:
+        return f"{len(found)} cells"
+    same = sum(1 for key in reference if key in found and abs((reference[key] or 0) - (found[key] or 0)) < 1e-9)
+    return f"{same}/{len(reference)} as stock"
+
+
+# ---------------------------------------------------------------- the writer alone
+
+def writer_rate(base: Path, count: int) -> float:
+    """Notebooks per second the real writer commits: ``count`` synthetic results of one assignment
+    (the reference notebook, its scores, comments and feedback page made once, as a worker would)."""
+    from autograder.judging.feedback import FeedbackPages
+    from autograder.engine.course import CourseFolder
+    from autograder.grade import quiet_library_warnings
+    from autograder.engine.job import Result, grades_of
+    from autograder.judging.writer import Ledger, Writer
+
+    quiet_library_warnings()
+    root = base / "writer"
+    assignment = "01_attention"
+    shutil.rmtree(root, ignore_errors=True)
+    make_course(root, [assignment])
+    course = CourseFolder(root)
+    released = nbformat.read(root / "notebooks" / assignment / f"{assignment}.ipynb", as_version=4)
+    solution = nbformat.read(root / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    for gid, cell in _answer_cells(released).items():
+        cell.source = _answer_cells(solution)[gid].source
+    text = nbformat.writes(released)
+    scores, comments = grades_of(released)
+    page = FeedbackPages(course.config).render(text, "student", assignment, assignment, grades=scores,
+                                               comments=comments)
+    ledger = Ledger(course.work / "grading.sqlite")
+    writer = Writer(course.coursedir, course.config, course.db_url, ledger)
+    try:
+        started = time.perf_counter()
+        for number in range(count):
+            writer.commit(Result(f"student{number:05d}", assignment, assignment, f"{number}", "x", True, text,
+                                 feedback_html=page, scores=scores, comments=comments))
+        return count / (time.perf_counter() - started)
+    finally:
+        writer.close()
+        ledger.close()
+
+
+def sizing(worker_s: float, rate: float, start_s: float) -> list[str]:
+    """Minutes for students x notebooks x workers: the workers' share, or the writer's if it is slower."""
+    lines = [f"{'students':>9}{'notebooks':>10}{'workers':>8}{'minutes':>9}  (bound)"]
+    for students in (40, 200, 1000):
+        for notebooks in (8,):
+            for workers in (2, 8, 32, 128):
+                total = students * notebooks
+                graders, writer = total * worker_s / workers, total / rate
+                minutes = (start_s + max(graders, writer)) / 60
+                lines.append(f"{students:>9}{notebooks:>10}{workers:>8}{minutes:>9.1f}  "
+                             f"({'writer' if writer > graders else 'workers'})")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--classes", default="clean,mixed", help="clean, mixed or both (comma-separated)")
+    parser.add_argument("--workers", type=int, default=2, help="the parallel rows' workers (default 2)")
+    parser.add_argument("--writer", type=int, default=400, help="synthetic results through the writer (0: skip)")
+    parser.add_argument("--keep", type=Path, help="build the classes here and keep them (default: a temporary folder)")
+    parser.add_argument("--skip-stock", action="store_true", help="leave out stock nbgrader")
+    parser.add_argument("--skip-distributed", action="store_true", help="leave out the local Dask cluster")
+    args = parser.parse_args(argv)
+    base = args.keep or Path(tempfile.mkdtemp(prefix="grading-bench-"))
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    per_notebook, starts = [], []
+    try:
+        for kind in [k.strip() for k in args.classes.split(",") if k.strip()]:
+            pristine = base / kind / "class"
+            shutil.rmtree(pristine, ignore_errors=True)
+            assignments = make_course(pristine)
+            counts = submit_class(pristine, assignments, args.students, args.seed, clean=kind == "clean")
+            notebooks = args.students * len(assignments)
+            print(f"\n{kind} class: {args.students} students x {len(assignments)} notebooks = {notebooks} notebooks ("
+                  + ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda x: -x[1])) + ")",
+                  flush=True)
+
+            def fresh(label: str) -> Path:
+                target = base / kind / label
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(pristine, target, symlinks=True)
+                return target
+
+            rows, reference = [], None
+            if not args.skip_stock:
+                course = fresh("stock")
+                rows.append(stock_row(course, assignments, notebooks))
+                reference = grades(course)
+                print(rows[-1].line(), flush=True)
+            for workers in sorted({1, args.workers}):
+                course = fresh(f"ours-{workers}")
+                rows.append(ours_row(course, notebooks, workers, reference))
+                print(rows[-1].line(), flush=True)
+                per_notebook += worker_seconds(course)
+                if rows[-1].stats.get("first_result_seconds") is not None:
+                    starts.append(rows[-1].stats["first_result_seconds"])
+            if not args.skip_distributed:
+                course = fresh("dask")
+                rows.append(dask_row(course, notebooks, args.workers, reference, base / kind))
+                print(rows[-1].line(), flush=True)
+            print(f"\n{kind} class, {notebooks} notebooks, {len(os.sched_getaffinity(0))} cores "
+                  f"(load average {os.getloadavg()[0]:.1f}):")
+            print(HEADER)
+            for row in rows:
+                print(row.line())
+        print("\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
+              "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
+              "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
+              "the command's process tree (a Dask cluster's workers are not in it).")
+        if args.writer:
+            rate = writer_rate(base, args.writer)
+            print(f"\nthe writer alone: {args.writer} synthetic results committed at {rate:.0f} notebooks/s")
+            if per_notebook:
+                worker_s = statistics.fmean(per_notebook)
+                start_s = statistics.fmean(starts) if starts else 10.0
+                print(f"sizing, from {worker_s:.2f} s per notebook on a worker (mean over every graded notebook "
+                      f"above), {rate:.0f} notebooks/s for the writer and {start_s:.0f} s to the first result:")
+                print("\n".join(sizing(worker_s, rate, start_s)))
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
