@@ -236,3 +236,27 @@ def test_readme_pictures_are_in_the_repository():
     for picture in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (REPOSITORY / "README.md").read_text()):
         if not picture.startswith("http"):
             assert (REPOSITORY / picture).is_file(), f"README.md shows {picture}, which is missing"
+
+
+def test_lock_command_reproduces_the_committed_locks(tmp_path):
+    """`./course lock` on an unchanged tree writes the committed locks again, byte for byte: nobody
+    edited a lock by hand, and every .in change was locked. uv asks PyPI only (no PyTorch index)."""
+    import hashlib
+    import shutil
+
+    venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
+    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
+    stamp = venv / ".course-installed"
+    if not stamp.exists() or stamp.read_text().split() != [hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest(), "dev"]:
+        pytest.skip("this test run did not come through ./course with the dev set (the set-up is not current)")
+    copy = tmp_path / "course"
+    copy.mkdir()
+    for name in ("course", "pyproject.toml"):
+        shutil.copy2(REPOSITORY / name, copy / name)
+    shutil.copytree(REQUIREMENTS, copy / "requirements")
+    result = subprocess.run([str(copy / "course"), "lock"], capture_output=True, text=True, timeout=300,
+                            env=os.environ | {"COURSE_VENV": str(venv)})
+    assert result.returncode == 0, result.stderr
+    assert "installing" not in result.stderr  # the copy's set-up was current: the lock ran on the same venv
+    for lock_file in REQUIREMENTS.glob("*.txt"):
+        assert (copy / "requirements" / lock_file.name).read_text() == lock_file.read_text(), f"{lock_file.name} is stale"
