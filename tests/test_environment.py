@@ -1,5 +1,6 @@
-"""The set-up: pip and conda pins agree, Binder's files say what they should,
-and the entry point's set-up is a no-op when nothing changed."""
+"""The set-up: the package sets and their locks agree with each other and with conda's
+file, Binder's files say what they should, and the entry point's set-up is a no-op
+when nothing changed."""
 import json
 import os
 import re
@@ -9,22 +10,49 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.markers import Marker
+from packaging.requirements import Requirement
 
 REPOSITORY = Path(__file__).resolve().parent.parent
+REQUIREMENTS = REPOSITORY / "requirements"
+SETS = ("student", "grader", "dev")  # each holds the one before it
 # pip name -> conda-forge name, where they differ
 CONDA_NAMES = {"torch": "pytorch-cpu", "jupyter-repo2docker": "repo2docker", "dask": "dask-core"}
 PIP_NAMES = {conda: pip for pip, conda in CONDA_NAMES.items()}
+# what ./course installs beside a lock: torch, on its own (tools/torch_source.py)
+NOT_IN_LOCKS = {"torch"}
+CUDA_PACKAGE = re.compile(r"^(nvidia-|cuda-|triton$)")
 
 
-def pip_pins() -> dict:
-    pins = {}
-    for line in (REPOSITORY / "requirements.txt").read_text().splitlines():
+def pins(set_name: str) -> dict:
+    """The top-level pins of a set (requirements/<set>.in and the files it includes), pip names."""
+    found = {}
+    for line in (REQUIREMENTS / f"{set_name}.in").read_text().splitlines():
         line = line.split("#")[0].strip()
-        if line:
+        if line.startswith("-r "):
+            found |= pins(line.removeprefix("-r ").removesuffix(".in").strip())
+        elif line:
             name, _, version = line.partition("==")
-            assert version, f"requirements.txt: {line!r} is not pinned with =="
-            pins[CONDA_NAMES.get(name.lower(), name.lower())] = version
-    return pins
+            assert version, f"{set_name}.in: {line!r} is not pinned with =="
+            found[name.strip().lower()] = version.strip()
+    return found
+
+
+def lock(set_name: str) -> list[Requirement]:
+    """Every requirement of requirements/<set>.txt, with its marker (hash lines left out)."""
+    text = (REQUIREMENTS / f"{set_name}.txt").read_text()
+    return [Requirement(line.rstrip(" \\")) for line in text.splitlines() if re.match(r"[A-Za-z0-9]", line)]
+
+
+def locked_versions(set_name: str, environment: dict | None = None) -> dict:
+    """name -> version for the lock's lines that apply to a machine (default: this one)."""
+    versions = {}
+    for requirement in lock(set_name):
+        if requirement.marker is None or requirement.marker.evaluate(environment):
+            assert requirement.name.lower() not in versions, f"{set_name}.txt: {requirement.name} twice"
+            [specifier] = requirement.specifier
+            versions[requirement.name.lower()] = specifier.version
+    return versions
 
 
 def conda_environment() -> dict:
@@ -32,23 +60,88 @@ def conda_environment() -> dict:
 
 
 def conda_pins() -> dict:
-    pins = {}
+    found = {}
     for item in conda_environment()["dependencies"]:
         assert isinstance(item, str), "environment.yml: no pip: section (it makes Binder re-solve on every commit)"
         name, _, version = item.partition("==")
         if name in ("python=3.12", "pip"):
             continue
         assert version, f"environment.yml: {item!r} is not pinned with =="
-        pins[name.lower()] = version
-    return pins
+        found[PIP_NAMES.get(name.lower(), name.lower())] = version
+    return found
 
 
-def test_pip_and_conda_pin_the_same_packages_and_versions():
-    assert pip_pins() == conda_pins()
+def test_conda_file_holds_the_student_set_pin_for_pin():
+    """Binder's image is the students' set: no Dask, no test tools, the same versions as pip's."""
+    assert conda_pins() == pins("student")
+
+
+def test_conda_file_versions_are_the_student_lock_versions():
+    """conda-forge has no hashes of PyPI's files, but its versions are the ones pip's lock installs
+    (on Binder's Python, 3.12)."""
+    binder = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
+              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+    locked = locked_versions("student", binder)
+    for name, version in conda_pins().items():
+        if name not in NOT_IN_LOCKS:
+            assert locked[name] == version, f"environment.yml pins {name} {version}, the lock {locked[name]}"
+
+
+def test_sets_are_nested_and_the_grading_and_test_tools_stay_out_of_the_student_set():
+    student, grader, dev = (pins(name) for name in SETS)
+    assert student.items() <= grader.items() <= dev.items()
+    for tool in ("dask", "distributed", "pytest", "playwright", "jupyter-repo2docker", "uv"):
+        assert tool not in student
+        assert tool not in locked_versions("student"), f"{tool} reaches the student lock through a dependency"
+
+
+@pytest.mark.parametrize("set_name", SETS)
+def test_every_top_level_pin_is_in_its_lock_at_the_same_version(set_name):
+    locked = locked_versions(set_name)
+    for name, version in pins(set_name).items():
+        if name in NOT_IN_LOCKS:
+            assert name not in locked
+        else:
+            assert locked.get(name) == version, f"{set_name}: pinned {name}=={version}, locked {locked.get(name)}"
+
+
+@pytest.mark.parametrize("set_name", SETS)
+def test_every_lock_line_is_an_exact_version_with_hashes(set_name):
+    text = (REQUIREMENTS / f"{set_name}.txt").read_text()
+    entries = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 2)[2])  # after uv's two header lines
+    assert len(entries) > 100
+    for entry in entries:
+        head = entry.splitlines()[0]
+        assert re.match(r"[A-Za-z0-9._-]+==[^ ;]+( ; .*)? \\$", head), head
+        assert "--hash=sha256:" in entry, f"{set_name}.txt: {head} has no hash"
+
+
+def test_smaller_sets_install_the_versions_the_dev_set_tested():
+    """CI runs the dev set: a student or a grading worker gets the same version of every package they share."""
+    everything = {(requirement.name.lower(), str(requirement.specifier), str(requirement.marker)) for requirement in lock("dev")}
+    for set_name in ("student", "grader"):
+        for requirement in lock(set_name):
+            versions = {spec for name, spec, _ in everything if name == requirement.name.lower()}
+            assert str(requirement.specifier) in versions, f"{set_name}.txt: {requirement} differs from dev.txt"
+
+
+@pytest.mark.parametrize("set_name", SETS)
+def test_locks_hold_torchs_pure_python_dependencies_and_none_of_its_cuda_libraries(set_name):
+    from importlib.metadata import requires
+
+    locked = locked_versions(set_name)
+    for name in locked:
+        assert not CUDA_PACKAGE.match(name), f"{set_name}.txt holds {name}: update requirements/torch-overrides.txt"
+    needed = [Requirement(line) for line in requires("torch") or []]
+    needed = [r for r in needed if r.marker is None or r.marker.evaluate({"extra": ""})]
+    assert {r.name.lower() for r in needed} >= {"sympy", "networkx", "jinja2", "filelock"}
+    for requirement in needed:
+        assert requirement.specifier.contains(locked[requirement.name.lower()]), \
+            f"torch needs {requirement}, {set_name}.txt locks {locked[requirement.name.lower()]}"
 
 
 def test_torch_is_the_pinned_cpu_build():
-    assert pip_pins()["pytorch-cpu"] == "2.13.0"
+    assert pins("student")["torch"] == conda_pins()["torch"] == "2.13.0"
     text = (REPOSITORY / "environment.yml").read_text().lower()
     assert "cuda" not in text and "pytorch-gpu" not in text
 
@@ -60,12 +153,13 @@ def test_conda_environment_is_conda_forge_with_python_3_12_literally():
     assert "python=3.12" in environment["dependencies"]
 
 
-def test_installed_packages_match_the_pins():
+def test_installed_packages_are_the_locked_versions():
     from importlib.metadata import version
 
-    for name, pinned in pip_pins().items():
-        installed = version(PIP_NAMES.get(name, name))
-        assert installed.split("+")[0] == pinned, f"{name}: installed {installed}, pinned {pinned}"
+    locked = locked_versions("dev") | pins("dev")
+    for name, pinned in locked.items():
+        installed = version(name)
+        assert installed.split("+")[0] == pinned, f"{name}: installed {installed}, locked {pinned}"
 
 
 def test_binder_post_build_keeps_only_validate():
@@ -99,8 +193,9 @@ def test_setup_is_a_no_op_when_nothing_changed():
 
     venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
     stamp = venv / ".course-installed"
-    wanted = hashlib.sha256((REPOSITORY / "requirements.txt").read_bytes() + (REPOSITORY / "pyproject.toml").read_bytes())
-    if not stamp.exists() or stamp.read_text().strip() != wanted.hexdigest():
+    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
+    wanted = hashlib.sha256(b"".join(path.read_bytes() for path in files))
+    if not stamp.exists() or stamp.read_text().split()[0] != wanted.hexdigest():
         pytest.skip("this test run did not come through ./course (the set-up is not current)")
     result = subprocess.run([str(REPOSITORY / "course"), "setup"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -141,3 +236,27 @@ def test_readme_pictures_are_in_the_repository():
     for picture in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", (REPOSITORY / "README.md").read_text()):
         if not picture.startswith("http"):
             assert (REPOSITORY / picture).is_file(), f"README.md shows {picture}, which is missing"
+
+
+def test_lock_command_reproduces_the_committed_locks(tmp_path):
+    """`./course lock` on an unchanged tree writes the committed locks again, byte for byte: nobody
+    edited a lock by hand, and every .in change was locked. uv asks PyPI only (no PyTorch index)."""
+    import hashlib
+    import shutil
+
+    venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
+    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
+    stamp = venv / ".course-installed"
+    if not stamp.exists() or stamp.read_text().split() != [hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest(), "dev"]:
+        pytest.skip("this test run did not come through ./course with the dev set (the set-up is not current)")
+    copy = tmp_path / "course"
+    copy.mkdir()
+    for name in ("course", "pyproject.toml"):
+        shutil.copy2(REPOSITORY / name, copy / name)
+    shutil.copytree(REQUIREMENTS, copy / "requirements")
+    result = subprocess.run([str(copy / "course"), "lock"], capture_output=True, text=True, timeout=300,
+                            env=os.environ | {"COURSE_VENV": str(venv)})
+    assert result.returncode == 0, result.stderr
+    assert "installing" not in result.stderr  # the copy's set-up was current: the lock ran on the same venv
+    for lock_file in REQUIREMENTS.glob("*.txt"):
+        assert (copy / "requirements" / lock_file.name).read_text() == lock_file.read_text(), f"{lock_file.name} is stale"

@@ -1,4 +1,4 @@
-"""Notebook 06's reference answers agree with Hugging Face `transformers` (pinned in requirements.txt).
+"""Notebook 06's reference answers agree with Hugging Face `transformers` (pinned in requirements/student.in).
 
 RMSNorm against LlamaRMSNorm, SwiGLU against LlamaMLP, TransformerBlock against
 LlamaDecoderLayer: tiny LlamaConfigs with random weights, because the default
