@@ -220,7 +220,7 @@ def _view(assignment: str | None):
         note += "; in class mode these are the visible checks only"
     body = (f'<div class="course-progress"><b>{html.escape(title)}</b> <small>({html.escape(note)})</small>'
             f'<ul>{"".join(rows)}</ul></div>')
-    plain = "\n".join([title, *("  " + line for line in lines)])
+    plain = "\n".join([f"{title} ({note})", *("  " + line for line in lines)])
     return HTML(body), plain
 
 
