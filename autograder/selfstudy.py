@@ -3,18 +3,18 @@
 The released notebooks call three functions (from locked cells, so a submission
 cannot change them)::
 
-    selfcheck("01_attention", "softmax", globals())   # in each check cell, before the visible asserts
+    self_assess("01_attention", "softmax", globals())   # in each check cell, before the visible asserts
     show_solution("01_attention", "softmax")           # under each exercise
     progress("01_attention")                           # near the top; progress() in 00 shows the course
 
 Two modes, decided per assignment by whether its reference notebook is in
 ``solutions/`` (``reference.solutions_dir()``):
 
-* self-study (a clone or Binder): ``selfcheck`` runs the grader's hidden check
+* self-study (a clone or Binder): ``self_assess`` runs the grader's hidden check
   (``checks.check``) on the learner's functions and prints what the feedback
   would say (the named misconception and its hint, never the test code);
   ``show_solution`` shows the exercise's reference cell once its check has run;
-* class mode (no ``solutions/``): ``selfcheck`` says in one line that the cell
+* class mode (no ``solutions/``): ``self_assess`` says in one line that the cell
   runs the visible checks alone; ``show_solution`` says the instructor has them.
 
 Either way a check cell's outcome (hidden and visible checks together) is
@@ -100,7 +100,9 @@ def exercise_names(assignment: str) -> list[str]:
 
 # ---------------------------------------------------------------- the check cell
 
-def selfcheck(assignment: str, name: str, namespace: dict) -> None:
+def self_assess(assignment: str, name: str, namespace: dict) -> None:
+    # (Not named ``*check``: the feedback of a graded notebook shows this line, and no feedback
+    # may show anything that reads like the hidden tests' ``check("`` call.)
     """In a check cell, before its visible asserts: diagnose with the hidden check (self-study) and record."""
     if grading():
         return
@@ -195,7 +197,8 @@ def _view(assignment: str | None):
     from IPython.display import HTML
 
     recorded = read_progress()
-    mark = {PASSES: "✅", FAILS: "❌", NOT_TRIED: "⬜"}
+    mark = {PASSES: '<span style="color:#1a7f37">✓</span>', FAILS: '<span style="color:#cf222e">✗</span>',
+            NOT_TRIED: '<span style="color:#888">○</span>'}
     rows, lines = [], []
     if assignment is None:
         title = "Your progress in the course"
@@ -215,7 +218,7 @@ def _view(assignment: str | None):
             text = f"{name}: {status}"
             rows.append(f"<li>{mark[status]} <code>{html.escape(name)}</code>: {status}</li>")
             lines.append(text)
-    note = "from your own check runs (saved in notebooks/.progress.json)"
+    note = "from your own check runs, saved in notebooks/.progress.json"
     if assignment is not None and not self_study(assignment):
         note += "; in class mode these are the visible checks only"
     body = (f'<div class="course-progress"><b>{html.escape(title)}</b> <small>({html.escape(note)})</small>'

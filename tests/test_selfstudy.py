@@ -1,7 +1,7 @@
 """Self-study mode in the learner's kernel (autograder/selfstudy.py), with the real catalogue and reference.
 
 Every catalogued mistake that the grading suites write as a learner would is
-diagnosed by ``selfcheck`` with its name and hint, as the grader's feedback
+diagnosed by ``self_assess`` with its name and hint, as the grader's feedback
 says it; the learner's own functions stay in place for the visible checks; the
 reference solution needs a check run first; progress goes from "not tried" to
 "fails" to "passes" and is read back by another process; class mode (no
@@ -73,7 +73,7 @@ def test_every_catalogued_mistake_is_named_by_the_self_check_as_the_grader_names
         namespace = learner_namespace(assignment, source)
         learners = namespace[name]
         mistake = next(m for m in exercise(assignment, name).mistakes if m.id == mistake_id)
-        text = printed(selfstudy.selfcheck, assignment, name, namespace)
+        text = printed(selfstudy.self_assess, assignment, name, namespace)
         assert f"`{name}` fails a hidden check" in text, (student, text)
         assert mistake.name in text and mistake.hint in text, (student, text)
         assert "[mistake:" not in text and "HIDDEN TESTS" not in text and "check(" not in text
@@ -88,7 +88,7 @@ def test_a_passing_check_leaves_the_learners_other_functions_in_place(notebooks_
     namespace = learner_namespace("01_attention", NO_MAX_SOFTMAX)
     wrong_softmax = namespace["softmax"]
     # attention_weights is checked with the reference softmax (each exercise on its own) ...
-    text = printed(selfstudy.selfcheck, "01_attention", "attention_weights", namespace)
+    text = printed(selfstudy.self_assess, "01_attention", "attention_weights", namespace)
     assert text.strip() == "Self-check: `attention_weights` passes the grader's hidden checks."
     # ... but afterwards the visible checks run on the learner's own softmax
     assert namespace["softmax"] is wrong_softmax
@@ -101,7 +101,7 @@ def test_the_solution_is_refused_before_a_check_run_and_shown_after_one(notebook
     namespace = learner_namespace("01_attention", NO_MAX_SOFTMAX)
     refusal = printed(selfstudy.show_solution, "01_attention", "softmax")
     assert "run its check cell once" in refusal
-    printed(selfstudy.selfcheck, "01_attention", "softmax", namespace)
+    printed(selfstudy.self_assess, "01_attention", "softmax", namespace)
     import IPython.display
 
     original = IPython.display.display
@@ -126,9 +126,9 @@ def test_progress_goes_from_not_tried_to_fails_to_passes_and_another_process_rea
 
     assert "softmax: not tried" in view("01_attention")
     assert "0 of 3 exercises pass" in view("01_attention")
-    printed(selfstudy.selfcheck, "01_attention", "softmax", learner_namespace("01_attention", NO_MAX_SOFTMAX))
+    printed(selfstudy.self_assess, "01_attention", "softmax", learner_namespace("01_attention", NO_MAX_SOFTMAX))
     assert "softmax: fails" in view("01_attention")
-    printed(selfstudy.selfcheck, "01_attention", "softmax", learner_namespace("01_attention"))
+    printed(selfstudy.self_assess, "01_attention", "softmax", learner_namespace("01_attention"))
     assert "softmax: passes" in view("01_attention") and "1 of 3 exercises pass" in view("01_attention")
     n = sum(len(module_for(a).EXERCISES) for a in COURSE)
     assert f"1 of {n} exercises pass" in view() and "01_attention: 1 of 3 pass" in view()
@@ -146,14 +146,14 @@ def test_progress_goes_from_not_tried_to_fails_to_passes_and_another_process_rea
 def test_a_damaged_progress_file_counts_as_nothing_tried(notebooks_folder):
     (notebooks_folder / ".progress.json").write_text("{not json")
     assert "softmax: not tried" in selfstudy._view("01_attention")[1]
-    printed(selfstudy.selfcheck, "01_attention", "softmax", learner_namespace("01_attention"))
+    printed(selfstudy.self_assess, "01_attention", "softmax", learner_namespace("01_attention"))
     assert "softmax: passes" in selfstudy._view("01_attention")[1]
 
 
 def test_class_mode_runs_no_hidden_check_and_shows_no_solution(notebooks_folder, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOGRADER_SOLUTIONS", str(tmp_path / "no-solutions"))
     namespace = {"softmax": lambda x, dim=-1: x}  # wrong, and no reference to compare with here
-    text = printed(selfstudy.selfcheck, "01_attention", "softmax", namespace)
+    text = printed(selfstudy.self_assess, "01_attention", "softmax", namespace)
     assert text == ("Class mode: this cell runs the visible checks only; "
                     "the hidden checks run when your instructor grades.\n")
     refusal = printed(selfstudy.show_solution, "01_attention", "softmax")
@@ -163,7 +163,7 @@ def test_class_mode_runs_no_hidden_check_and_shows_no_solution(notebooks_folder,
 
 def test_while_nbgrader_grades_or_validates_nothing_happens(notebooks_folder, grading_env):
     namespace = learner_namespace("01_attention", NO_MAX_SOFTMAX)
-    assert printed(selfstudy.selfcheck, "01_attention", "softmax", namespace) == ""
+    assert printed(selfstudy.self_assess, "01_attention", "softmax", namespace) == ""
     assert printed(selfstudy.show_solution, "01_attention", "softmax") == ""
     assert printed(selfstudy.progress, "01_attention") == ""
     assert not (notebooks_folder / ".progress.json").exists()
