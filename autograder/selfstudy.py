@@ -101,9 +101,9 @@ def exercise_names(assignment: str) -> list[str]:
 # ---------------------------------------------------------------- the check cell
 
 def self_assess(assignment: str, name: str, namespace: dict) -> None:
-    # (Not named ``*check``: the feedback of a graded notebook shows this line, and no feedback
-    # may show anything that reads like the hidden tests' ``check("`` call.)
     """In a check cell, before its visible asserts: diagnose with the hidden check (self-study) and record."""
+    # Not named ``*check``: a graded notebook's feedback shows this line, and no feedback may
+    # show anything that reads like the hidden tests' ``check("`` call.
     if grading():
         return
     hidden_passed = True
@@ -185,7 +185,7 @@ def show_solution(assignment: str, name: str) -> None:
 
 # ---------------------------------------------------------------- progress views
 
-_views: list = []  # (display handle, assignment or None for the course) shown in this kernel
+_views: dict = {}  # assignment (None: the course) -> the display handle of its latest view in this kernel
 
 
 def _counts(assignment: str, recorded: dict) -> tuple[dict, int]:
@@ -193,9 +193,8 @@ def _counts(assignment: str, recorded: dict) -> tuple[dict, int]:
     return statuses, sum(s == PASSES for s in statuses.values())
 
 
-def _view(assignment: str | None):
-    from IPython.display import HTML
-
+def _view(assignment: str | None) -> tuple[str, str]:
+    """(HTML, plain text) of the progress view of ``assignment``, or of the course for None."""
     recorded = read_progress()
     mark = {PASSES: '<span style="color:#1a7f37">✓</span>', FAILS: '<span style="color:#cf222e">✗</span>',
             NOT_TRIED: '<span style="color:#888">○</span>'}
@@ -224,15 +223,17 @@ def _view(assignment: str | None):
     body = (f'<div class="course-progress"><b>{html.escape(title)}</b> <small>({html.escape(note)})</small>'
             f'<ul>{"".join(rows)}</ul></div>')
     plain = "\n".join([f"{title} ({note})", *("  " + line for line in lines)])
-    return HTML(body), plain
+    return body, plain
 
 
 class _Shown:
-    def __init__(self, rich, plain):
+    """A progress view as IPython displays it: HTML in JupyterLab, text elsewhere."""
+
+    def __init__(self, rich: str, plain: str):
         self.rich, self.plain = rich, plain
 
     def _repr_html_(self):
-        return self.rich.data
+        return self.rich
 
     def __repr__(self):
         return self.plain
@@ -246,11 +247,11 @@ def progress(assignment: str | None = None) -> None:
 
     handle = display(_Shown(*_view(assignment)), display_id=True)
     if handle is not None:
-        _views.append((handle, assignment))
+        _views[assignment] = handle  # a view shown again replaces the earlier one
 
 
 def _refresh_views() -> None:
-    for handle, assignment in _views:
+    for assignment, handle in list(_views.items()):
         try:
             handle.update(_Shown(*_view(assignment)))
         except Exception:  # a view whose notebook closed; the file stays right
