@@ -18,6 +18,7 @@ fixture ``graded``), then each test reads the gradebook and the feedback.
 """
 from __future__ import annotations
 
+import json
 import textwrap
 
 import nbformat
@@ -125,6 +126,17 @@ class GradingSuite:
         scores = graded.scores(student, self.assignment)
         assert set(scores.values()) == {0.0}, scores
         assert "[mistake:tampering]" in graded.feedback_text(student, self.assignment)
+
+    def test_self_study_cells_stay_silent_while_grading(self, graded):
+        """The self-study lines (autograder/selfstudy.py) in the released cells do nothing under
+        nbgrader: no diagnosis, no solution, no progress view in any graded notebook."""
+        students = ["reference", "untouched", *self.mistakes]
+        for student in students:
+            cells = graded.autograded(student, self.assignment)["cells"]
+            assert any("autograder.selfstudy" in "".join(c["source"]) for c in cells)
+            shown = json.dumps([c.get("outputs", []) for c in cells])
+            for line in ("Self-check", "Class mode", "Reference solution", "Your progress", "Try `"):
+                assert line not in shown, f"{student}'s graded notebook shows {line!r}"
 
     def test_feedback_never_shows_hidden_tests(self, graded):
         students = ["reference", "untouched", *self.mistakes, *self.alternatives, "patches-allclose"]
