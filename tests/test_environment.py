@@ -260,3 +260,32 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
     assert "installing" not in result.stderr  # the copy's set-up was current: the lock ran on the same venv
     for lock_file in REQUIREMENTS.glob("*.txt"):
         assert (copy / "requirements" / lock_file.name).read_text() == lock_file.read_text(), f"{lock_file.name} is stale"
+
+
+def extra(name: str) -> dict:
+    """The pins of pyproject's optional dependencies `name` (`pip install ".[name]"`), its own extras included."""
+    import tomllib
+
+    project = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]
+    found = {}
+    for line in project["optional-dependencies"][name]:
+        requirement = Requirement(line)
+        if requirement.name == project["name"]:
+            for included in requirement.extras:
+                found |= extra(included)
+            continue
+        [specifier] = requirement.specifier
+        assert specifier.operator == "==" and not requirement.marker, f"[{name}]: {line} is not an exact pin"
+        found[requirement.name.lower()] = specifier.version
+    return found
+
+
+@pytest.mark.parametrize("set_name", ("student", "grader"))
+def test_pyproject_extras_are_the_requirement_sets_pin_for_pin(set_name):
+    """`pip install ".[grader]"` (a JupyterHub's grading environment) gets what `./course` installs."""
+    assert extra(set_name) == pins(set_name)
+
+
+def test_the_postgres_driver_is_in_the_grader_set_only():
+    assert {"psycopg", "psycopg-binary"} <= pins("grader").keys()
+    assert "psycopg" not in locked_versions("student")

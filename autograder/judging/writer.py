@@ -128,7 +128,21 @@ class Writer:
             html = self._gradebook_pages().render(result.notebook_json, result.student, result.assignment,
                                                   result.notebook, db_url=self.db_url)
         write_atomically(self._path(self.coursedir.feedback_directory, result, ".html"), html)
+        self._exchange_files(result)
         self.ledger.record(result)
+
+    # What `nbgrader collect` files beside a submission, and `nbgrader release_feedback` reads
+    # beside each feedback page (nbgrader's autograde and generate_feedback carry them over).
+    EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
+
+    def _exchange_files(self, result: Result) -> None:
+        submitted = Path(self.coursedir.format_path(self.coursedir.submitted_directory, result.student,
+                                                    result.assignment))
+        for name in self.EXCHANGE_FILES:
+            if (submitted / name).is_file():
+                text = (submitted / name).read_text(encoding="utf-8")
+                for folder in (self.coursedir.autograded_directory, self.coursedir.feedback_directory):
+                    write_atomically(self._path(folder, result, "").parent / name, text)
 
     def _grades(self, result: Result) -> bool:
         """The result into the gradebook, one transaction; whether the gradebook knows more than the
