@@ -7,7 +7,10 @@
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
     python -m autograder.grade ...         # the same, from a course folder (its nbgrader_config.py)
 
-``main`` reads as its steps: read the course (``course.CourseFolder``), refuse
+``main`` reads as its steps: read the course (``course.CourseFolder``), try
+every place the run will write (``check_outputs``), hold the course for this
+run alone with its own scratch folder, removing what killed runs left
+(``runs.RunLock``), refuse
 to run student code without the sandbox (``sandbox.probe``) unless told, choose
 where to grade (a ``runners.Runner``: this machine's ``LocalPool`` or a Dask
 cluster, ``distributed``; a cluster is checked before anything is written),

@@ -9,9 +9,13 @@ Two layouts, the ones nbgrader itself knows:
   convention ``nbgrader zip_collect`` uses; configured in ``nbgrader_config.py``),
   in a zip or a folder.
 
-A zip is unpacked safely (no paths outside the target, bounded sizes) and its
-notebooks are filed into the course's ``submitted/`` folder, never replacing a
-different file already there unless asked. Submitted files are only ever read.
+A zip is unpacked safely (no paths outside the target, bounded sizes and
+member count) and each member costs only itself: one that is damaged, has a
+name the file system refuses or clashes with another is left out with a
+message. Its notebooks are filed into the course's ``submitted/`` folder whole
+or not at all (a temporary file renamed into place), never replacing a
+different file already there unless asked. Student ids are validated whole
+before they become folders or gradebook rows. Submitted files are only ever read.
 
 Every file that cannot be used gets a message saying why, and collection goes
 on: names that match nothing, unknown assignments, several candidate
