@@ -8,12 +8,12 @@
     python -m autograder.grade ...         # the same, from a course folder (its nbgrader_config.py)
 
 ``main`` reads as its steps: read the course (``course.CourseFolder``), try
-every place the run will write (``check_outputs``), hold the course for this
-run alone with its own scratch folder, removing what killed runs left
-(``runs.RunLock``), refuse
+every place the run will write (``check_outputs``), refuse
 to run student code without the sandbox (``sandbox.probe``) unless told, choose
 where to grade (a ``runners.Runner``: this machine's ``LocalPool`` or a Dask
 cluster, ``distributed``; a cluster is checked before anything is written),
+hold the course for this run alone, with its own scratch folder, removing what
+killed runs left (``runs.RunLock``),
 find the submissions (``collect``), plan the jobs (new or changed submissions,
 each with its notebook's snapshot, ``job.AssignmentSpec``), grade them
 (workers grade and render each notebook's feedback) while this process commits
@@ -313,17 +313,20 @@ def main(argv=None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     sandboxed, address = not args.unsandboxed, scheduler_address(args)
-    lock = None
     try:
         course = read_course(args)
         check_outputs(args, course)
-        lock, scratch = hold_course(args, course, say)
         require_sandbox(course, sandboxed, address, say)
         limits = grading_limits(args, course)
         runner = choose_runner(args, course, limits, sandboxed, address)
     except Refused as refusal:
-        if lock is not None:
-            lock.release()
+        print(f"grade: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        lock, scratch = hold_course(args, course, say)  # the first thing this run writes
+    except Refused as refusal:
+        runner.close()
+        runner.join()
         print(f"grade: {refusal}", file=sys.stderr)
         return 2
     try:

@@ -11,8 +11,8 @@ workers use ``$TMPDIR/ag-run-<pid>-*``; once the lock is held, whatever an
 earlier run of this course left in ``incoming/`` is removed, and so is every
 ``ag-run-<pid>-*`` folder whose process is gone.
 
-``check_outputs`` tries every place the run will write (gradebook, CSV,
-report, course folders) before anything is read, filed or graded.
+``check_outputs`` checks every place the run will write (gradebook, CSV,
+report, course folders) before anything is read, filed or graded, writing nothing.
 """
 from __future__ import annotations
 
@@ -105,29 +105,18 @@ def sweep_temporary() -> int:
 
 
 def _try_write_into(folder: Path) -> str | None:
-    """None if a file can be created in ``folder`` (made if missing), else why not."""
-    missing = []
-    probe = folder
-    while not probe.exists():
-        missing.append(probe)
+    """None if files can be created in ``folder`` (or in the folders that would be made for it),
+    else why not. Asks the kernel (``access``, which also knows a read-only file system) and
+    writes nothing: a refused run leaves every folder as it was, times included."""
+    probe = Path(folder)
+    while not probe.exists() and not probe.is_symlink():
         if probe.parent == probe:
             break
         probe = probe.parent
     if not probe.is_dir():
         return f"{probe} is not a folder"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(prefix=".grade-write-check-", dir=folder)
-        os.close(handle)
-        os.unlink(name)
-    except OSError as error:
-        return f"cannot write in {folder} ({error.strerror or error})"
-    finally:
-        for made in missing:  # leave no folder behind that the run did not need yet
-            try:
-                made.rmdir()
-            except OSError:
-                pass
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"cannot write in {probe} (permission denied or a read-only file system)"
     return None
 
 
