@@ -7,10 +7,13 @@
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
     python -m autograder.grade ...         # the same, from a course folder (its nbgrader_config.py)
 
-``main`` reads as its steps: read the course (``course.CourseFolder``), refuse
+``main`` reads as its steps: read the course (``course.CourseFolder``), try
+every place the run will write (``check_outputs``), refuse
 to run student code without the sandbox (``sandbox.probe``) unless told, choose
 where to grade (a ``runners.Runner``: this machine's ``LocalPool`` or a Dask
 cluster, ``distributed``; a cluster is checked before anything is written),
+hold the course for this run alone, with its own scratch folder, removing what
+killed runs left (``runs.RunLock``),
 find the submissions (``collect``), plan the jobs (new or changed submissions,
 each with its notebook's snapshot, ``job.AssignmentSpec``), grade them
 (workers grade and render each notebook's feedback) while this process commits
@@ -73,6 +76,9 @@ def parse_args(argv):
     parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory per notebook kernel")
     parser.add_argument("--report", type=Path, help="class report (default: coursework/reports/class-report.html)")
     parser.add_argument("--csv", type=Path, help="grades CSV (default: coursework/reports/grades.csv)")
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="when another run is grading this course, wait up to this long for it "
+                             "(default: refuse at once, naming it)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -95,6 +101,63 @@ def read_course(args) -> CourseFolder:
     if not source.exists():
         raise Refused(f"{source} does not exist: nothing to grade")
     return course
+
+
+def output_paths(args, course: CourseFolder) -> tuple[Path, Path]:
+    reports = Path(course.coursedir.root) / "reports"
+    return args.csv or reports / "grades.csv", args.report or reports / "class-report.html"
+
+
+def check_outputs(args, course: CourseFolder) -> None:
+    """Everything the run will write, tried before anything is read, filed or graded."""
+    from .engine import runs
+
+    csv_path, report_path = output_paths(args, course)
+    coursedir = course.coursedir
+    problems = [("--csv", runs.check_file(csv_path)), ("--report", runs.check_file(report_path))]
+    database = runs.sqlite_path(course.db_url)
+    if database is not None:
+        problems.append(("gradebook (--db)", runs.check_file(database)))
+    else:
+        problems.append(("gradebook (--db)", _database_problem(course.db_url)))
+    for folder in (course.work, course.submitted, Path(coursedir.root) / coursedir.autograded_directory,
+                   Path(coursedir.root) / coursedir.feedback_directory):
+        problems.append(("course folder", runs.check_folder(folder)))
+    found = [f"{what}: {problem}" for what, problem in problems if problem]
+    if found:
+        raise Refused("cannot write where this run must write:\n       " + "\n       ".join(found)
+                      + "\n       Nothing was graded or written.")
+
+
+def _database_problem(db_url: str) -> str | None:
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(db_url)
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as error:  # any driver's error: the message is what the instructor needs
+        return f"cannot connect to {db_url.split('@')[-1]} ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+    return None
+
+
+def hold_course(args, course: CourseFolder, say):
+    """This run's lock on the course and its own scratch folder; leftovers of killed runs go."""
+    from .engine import runs
+    from .engine.collect import sweep_partial
+
+    lock = runs.RunLock(course.work)
+    try:
+        lock.acquire(wait=max(0.0, args.wait))
+    except runs.Busy as busy:
+        raise Refused(str(busy)) from None
+    except OSError as error:
+        raise Refused(f"cannot lock {lock.path} ({error.strerror or error})") from None
+    scratch = runs.run_scratch(course.work)
+    runs.sweep_temporary()
+    sweep_partial(course.submitted)
+    return lock, scratch
 
 
 def scheduler_address(args) -> str | None:
@@ -145,7 +208,15 @@ class Plan:
 
 def plan_jobs(args, course: CourseFolder, collection: Collection, done: dict, limits: Limits, runner) -> Plan:
     """A job per submission that is new or changed (its file, or anything its grading depends on)."""
-    digests = {id(s): s.digest() for s in collection.submissions}
+    digests, readable = {}, []
+    for submission in collection.submissions:  # a file that vanished or cannot be read costs only itself
+        try:
+            digests[id(submission)] = submission.digest()
+            readable.append(submission)
+        except OSError as error:
+            collection.messages.append(f"{submission.source_name}: skipped, cannot be read "
+                                       f"({error.strerror or error})")
+    collection.submissions = readable
     changed = [s for s in collection.submissions
                if args.force or done.get((s.student, s.assignment, s.notebook), ("",))[0] != digests[id(s)]]
     if changed:  # the workers warm up while the gradebook is read
@@ -164,7 +235,13 @@ def plan_jobs(args, course: CourseFolder, collection: Collection, done: dict, li
         if not args.force and done.get(key) == (digest, spec.fingerprint) and key in graded_in_book:
             skipped += 1
             continue
-        jobs.append(Job(submission.student, submission.assignment, submission.notebook, submission.read(),
+        try:
+            data = submission.read()
+        except OSError as error:
+            collection.messages.append(f"{submission.source_name}: skipped, cannot be read "
+                                       f"({error.strerror or error})")
+            continue
+        jobs.append(Job(submission.student, submission.assignment, submission.notebook, data,
                         submission.source_name, digest, spec, limits, submission.timestamp,
                         list(submission.notes), list(submission.flags)))
     return Plan(jobs, skipped, notes + collection.messages)
@@ -226,27 +303,51 @@ def record_run(course: CourseFolder, graded: Graded, seconds: float) -> None:
 
 
 def main(argv=None) -> int:
-    from .judging.report import export_csv, summary, write_report
-    from .judging.writer import Ledger
-
     args = parse_args(argv)
     started = time.monotonic()
     quiet_library_warnings()
     # nbgrader runs tools such as alembic by name: this interpreter's scripts come first.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     say = (lambda text: print(text, file=sys.stderr)) if not args.quiet else (lambda text: None)
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not valid text still prints
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     sandboxed, address = not args.unsandboxed, scheduler_address(args)
     try:
         course = read_course(args)
+        check_outputs(args, course)
         require_sandbox(course, sandboxed, address, say)
         limits = grading_limits(args, course)
         runner = choose_runner(args, course, limits, sandboxed, address)
     except Refused as refusal:
         print(f"grade: {refusal}", file=sys.stderr)
         return 2
+    try:
+        lock, scratch = hold_course(args, course, say)  # the first thing this run writes
+    except Refused as refusal:
+        runner.close()
+        runner.join()
+        print(f"grade: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        return _graded_run(args, course, limits, runner, scratch, sandboxed, say, started)
+    finally:
+        lock.release()
+
+
+def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) -> int:
+    from .judging.report import export_csv, summary, write_report
+    from .judging.writer import Ledger
+
     trace("configuration read, sandbox probed")
-    collection = collect(args.source or course.submitted, course.notebooks(), set(args.assignments) or None,
-                         course.config, course.submitted, course.work / "incoming", replace=args.replace)
+    try:
+        collection = collect(args.source or course.submitted, course.notebooks(), set(args.assignments) or None,
+                             course.config, course.submitted, scratch, replace=args.replace)
+    except (ValueError, OSError) as error:
+        runner.close()
+        runner.join()
+        print(f"grade: {error}; nothing was graded", file=sys.stderr)
+        return 2
     trace("submissions collected")
     ledger = Ledger(course.work / "grading.sqlite")
     graded = Graded()
@@ -264,9 +365,7 @@ def main(argv=None) -> int:
             runner.close()
             return 130
         runner.close()  # the workers wind down while the CSV and the report are written
-        reports = Path(course.coursedir.root) / "reports"
-        csv_path = args.csv or reports / "grades.csv"
-        report_path = args.report or reports / "class-report.html"
+        csv_path, report_path = output_paths(args, course)
         rows = export_csv(course, ledger, csv_path)
         write_report(course, ledger, rows, report_path)
         trace("CSV and report written")
@@ -275,7 +374,7 @@ def main(argv=None) -> int:
         print(summary(course, rows, ledger_summaries=ledger.summaries(), graded_now=graded.results,
                       skipped=plan.skipped, problems=graded.problems + collection.messages, seconds=seconds,
                       csv_path=csv_path, report_path=report_path))
-        return 1 if graded.problems else 0
+        return 1 if graded.problems or collection.messages else 0
     finally:
         ledger.close()
         if not graded.interrupted:

@@ -9,9 +9,13 @@ Two layouts, the ones nbgrader itself knows:
   convention ``nbgrader zip_collect`` uses; configured in ``nbgrader_config.py``),
   in a zip or a folder.
 
-A zip is unpacked safely (no paths outside the target, bounded sizes) and its
-notebooks are filed into the course's ``submitted/`` folder, never replacing a
-different file already there unless asked. Submitted files are only ever read.
+A zip is unpacked safely (no paths outside the target, bounded sizes and
+member count) and each member costs only itself: one that is damaged, has a
+name the file system refuses or clashes with another is left out with a
+message. Its notebooks are filed into the course's ``submitted/`` folder whole
+or not at all (a temporary file renamed into place), never replacing a
+different file already there unless asked. Student ids are validated whole
+before they become folders or gradebook rows. Submitted files are only ever read.
 
 Every file that cannot be used gets a message saying why, and collection goes
 on: names that match nothing, unknown assignments, several candidate
@@ -21,9 +25,12 @@ notebook of that submission (it gets flagged ``wrong-file-name``).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
+import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -31,7 +38,48 @@ MAX_FILE = 200 * 1024 * 1024
 MAX_TOTAL = 2 * 1024 * 1024 * 1024
 MAX_FILES = 100_000
 IGNORED_PARTS = {"__MACOSX", ".ipynb_checkpoints", ".DS_Store"}
-STUDENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}$")  # a folder name, never "..", never a path
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}")  # a folder name, never "..", never a path
+NAME_BYTES = 255  # the longest file or folder name most file systems take
+
+
+def usable_student_id(text: str) -> bool:
+    """A student id that can become a folder name and a gradebook row: the whole text matches
+    (no trailing newline or control character slips past an end-of-line anchor)."""
+    return isinstance(text, str) and STUDENT_ID.fullmatch(text) is not None
+
+
+def file_atomically(source: Path | bytes, target: Path) -> None:
+    """Copy ``source`` (a file or its bytes) to ``target`` whole or not at all: a temporary file in
+    the same folder, synced, then renamed, so a kill never leaves a partial file under its name."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".partial", dir=target.parent)
+    try:
+        with os.fdopen(handle, "wb") as sink:
+            if isinstance(source, bytes):
+                sink.write(source)
+            else:
+                with open(source, "rb") as stream:
+                    shutil.copyfileobj(stream, sink, 1 << 20)
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def sweep_partial(folder: Path) -> None:
+    """Remove the temporary files of filings a killed run left behind below ``folder``."""
+    if folder.is_dir():
+        for path in folder.rglob(".*.partial"):
+            try:
+                path.unlink()
+            except OSError:
+                pass
 
 
 @dataclass
@@ -70,8 +118,9 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
     found = Collection()
     for student_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
         student = student_dir.name
-        if not STUDENT_ID.match(student):
-            found.messages.append(f"{student}: skipped, not a usable student id")
+        if not usable_student_id(student):
+            found.messages.append(f"{student!r}: skipped, not a usable student id (letters, digits and . _ @ + -, "
+                                  "at most 100 characters)")
             continue
         for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
             assignment = assignment_dir.name
@@ -134,8 +183,8 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
                 found.messages.append(f"{path.name}: skipped, not a notebook")
             continue
         notebook = Path(info["file_id"]).stem
-        if not STUDENT_ID.match(info["student_id"]):
-            found.messages.append(f"{path.name}: skipped, {info['student_id']!r} cannot be a student id")
+        if not usable_student_id(info["student_id"]):
+            found.messages.append(f"{path.name!r}: skipped, {info['student_id']!r} cannot be a student id")
             continue
         assignment = owner.get(notebook)
         if assignment is None:
@@ -158,11 +207,10 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
             found.messages.append(f"{path.name}: kept the different {student}/{assignment}/{target.name} "
                                   "already collected (use --replace to take this one)")
         else:
-            folder.mkdir(parents=True, exist_ok=True)
             if not target.exists() or target.read_bytes() != path.read_bytes():
-                shutil.copyfile(path, target)
+                file_atomically(path, target)
             if timestamp:
-                (folder / "timestamp.txt").write_text(timestamp + "\n")
+                file_atomically((timestamp + "\n").encode(), folder / "timestamp.txt")
         found.submissions.append(Submission(student, assignment, notebook, target,
                                             f"{student}/{assignment}/{target.name}",
                                             timestamp or _stamp(folder)))
@@ -188,9 +236,19 @@ def valid_timestamp(text: str | None) -> str | None:
 
 
 def unzip(archive: Path, target: Path) -> tuple[Path, list[str]]:
-    """Extract ``archive`` below ``target`` safely; (folder, messages about entries left out)."""
+    """Extract ``archive`` below ``target`` safely; (folder, messages about entries left out).
+
+    Each member costs only itself: a damaged one (bad CRC, a size that lies, a compression
+    error), a name the file system refuses (too long, a file where a folder of the same name is
+    needed), a path outside the archive or a size over the caps is left out with a message, and
+    the rest is unpacked. Members over ``MAX_FILES`` are left out too. Only an archive that cannot
+    be opened at all raises ``ValueError``, with the reason.
+    """
     messages = []
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+    try:
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+    except OSError as error:
+        raise ValueError(f"{archive.name} cannot be read ({error.strerror or error})") from None
     folder = target / digest
     if folder.exists():
         shutil.rmtree(folder)
@@ -198,48 +256,88 @@ def unzip(archive: Path, target: Path) -> tuple[Path, list[str]]:
     total = 0
     try:
         archive_file = zipfile.ZipFile(archive)
-    except zipfile.BadZipFile:
-        raise ValueError(f"{archive.name} is not a zip file") from None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, NotImplementedError) as error:
+        raise ValueError(f"{archive.name} is not a readable zip file ({error})") from None
     with archive_file:
         entries = archive_file.infolist()
         if len(entries) > MAX_FILES:
-            raise ValueError(f"{archive.name} holds {len(entries)} files; at most {MAX_FILES} are accepted")
+            messages.append(f"{archive.name}: holds {len(entries)} members; only the first {MAX_FILES} were "
+                            "unpacked, the rest were skipped")
+            entries = entries[:MAX_FILES]
         for entry in entries:
+            shown = repr(entry.filename) if not entry.filename.isprintable() else entry.filename
             name = PurePosixPath(entry.filename.replace("\\", "/"))
             if entry.is_dir():
                 continue
             if name.is_absolute() or ".." in name.parts or not name.parts:
-                messages.append(f"{entry.filename}: skipped, a path outside the archive")
+                messages.append(f"{shown}: skipped, a path outside the archive")
                 continue
             if set(name.parts) & IGNORED_PARTS:
                 continue
+            if any(len(part.encode("utf-8", "surrogateescape")) > NAME_BYTES for part in name.parts):
+                messages.append(f"{shown[:80]}...: skipped, a name longer than {NAME_BYTES} bytes")
+                continue
             if entry.file_size > MAX_FILE or total + entry.file_size > MAX_TOTAL:
-                messages.append(f"{entry.filename}: skipped, too large ({entry.file_size} bytes)")
+                messages.append(f"{shown}: skipped, too large ({entry.file_size} bytes)")
                 continue
             total += entry.file_size
             destination = folder.joinpath(*name.parts)
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            with archive_file.open(entry) as source, open(destination, "wb") as sink:
-                copied = 0
-                while chunk := source.read(1 << 20):
-                    copied += len(chunk)
-                    if copied > MAX_FILE:
-                        break
-                    sink.write(chunk)
-            if copied > MAX_FILE:
-                destination.unlink()
-                messages.append(f"{entry.filename}: skipped, larger than it claims")
+            problem = _extract(archive_file, entry, destination)
+            if problem:
+                messages.append(f"{shown}: skipped, {problem}")
     return folder, messages
 
 
+def _extract(archive_file: zipfile.ZipFile, entry: zipfile.ZipInfo, destination: Path) -> str | None:
+    """One member to ``destination``; None, or why it could not be used (nothing is left behind)."""
+    partial = destination.with_name(destination.name[:200] + ".unpacking")
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if destination.is_dir():
+            return "a file and a folder of the same name are in the archive"
+        if destination.exists():
+            return "another member of the archive has the same name"
+        with archive_file.open(entry) as source, open(partial, "wb") as sink:
+            copied = 0
+            while chunk := source.read(1 << 20):
+                copied += len(chunk)
+                if copied > MAX_FILE:
+                    raise OverflowError
+                sink.write(chunk)
+        os.replace(partial, destination)
+        return None
+    except OverflowError:
+        reason = "larger than it claims"
+    except (zipfile.BadZipFile, zlib.error, EOFError) as error:
+        reason = f"damaged in the archive ({error})"
+    except NotImplementedError as error:
+        reason = f"compressed in a way this grader cannot read ({error})"
+    except RuntimeError as error:  # an encrypted member
+        reason = f"cannot be read ({error})"
+    except (FileExistsError, NotADirectoryError, IsADirectoryError):
+        reason = "a file and a folder of the same name are in the archive"
+    except OSError as error:
+        reason = f"cannot be unpacked here ({error.strerror or error})"
+    try:
+        partial.unlink()
+    except OSError:
+        pass
+    return reason
+
+
 def _looks_like_tree(folder: Path, notebooks: dict[str, list[str]]) -> Path | None:
-    """The folder holding ``<student>/<assignment>/`` below ``folder``, if there is one."""
-    candidates = [folder] + [p for p in folder.rglob("*") if p.is_dir() and len(p.relative_to(folder).parts) <= 3]
+    """The folder holding ``<student>/<assignment>/`` below ``folder``, if there is one: the one
+    holding the most such pairs (the shallowest of equals), so one oddly named member never
+    decides where everyone else's submissions are looked for."""
+    candidates = [folder] + sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()
+                                   and len(p.relative_to(folder).parts) <= 3)
+    best, best_count = None, 0
     for candidate in candidates:
-        for student in (p for p in candidate.iterdir() if p.is_dir()):
-            if any((student / a).is_dir() for a in notebooks):
-                return candidate
-    return None
+        count = sum(1 for student in candidate.iterdir() if student.is_dir() and not student.is_symlink()
+                    for a in notebooks if (student / a).is_dir())
+        if count > best_count:
+            best, best_count = candidate, count
+    return best
 
 
 def collect(source: Path, notebooks: dict[str, list[str]], wanted: set[str] | None, config,
@@ -284,11 +382,10 @@ def _file_tree(found: Collection, submitted: Path, replace: bool) -> Collection:
             filed.messages.append(f"{submission.source_name}: kept the different copy already in submitted/ "
                                   "(use --replace to take the zip's)")
         else:
-            folder.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(submission.path, target)
+            file_atomically(submission.path, target)
             stamp = submission.path.parent / "timestamp.txt"
             if stamp.is_file():
-                shutil.copyfile(stamp, folder / "timestamp.txt")
+                file_atomically(stamp, folder / "timestamp.txt")
         submission.path = target
         filed.submissions.append(submission)
     return filed

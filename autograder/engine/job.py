@@ -21,7 +21,7 @@ import nbformat
 from ..judging.cells import error_output, graded_id
 from ..judging.flags import GRADING_FAILED, NOT_GRADED
 from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
-from ..judging.tamper import GradebookView, inspect, sanitize
+from ..judging.tamper import GradebookView, Inspection, inspect, restore_grading_metadata, sanitize
 from ..verdict import mistake_of
 
 
@@ -113,10 +113,18 @@ def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tupl
     except json.JSONDecodeError as error:
         raise Rejected(f"{name} is not valid JSON ({error.msg} at line {error.lineno}); "
                        "was it saved completely?") from None
+    except (ValueError, RecursionError) as error:
+        raise Rejected(f"{name} is not valid JSON ({type(error).__name__})") from None
     if not isinstance(raw, dict) or "nbformat" not in raw:
         raise Rejected(f"{name} is JSON but not a Jupyter notebook")
     notes = []
     version = raw.get("nbformat")
+    cells = raw.get("cells")
+    if isinstance(cells, list) and any(isinstance(c, dict) and not isinstance(c.get("metadata"), dict) for c in cells):
+        for cell in cells:  # a cell that lost its metadata is an ordinary cell, not an unreadable notebook
+            if isinstance(cell, dict) and not isinstance(cell.get("metadata"), dict):
+                cell["metadata"] = {}
+        text = json.dumps(raw)
     try:
         nb = nbformat.reads(text, as_version=4)
     except Exception as error:
@@ -124,10 +132,17 @@ def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tupl
     if version != 4:
         notes.append(f"{name} was in notebook format {version}; converted to format 4 and graded")
     ours = {c.name for c in spec.view.notebook.source_cells}
-    present = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    present = {_grade_id_of(c) for c in nb.cells}
     if not ours & present:
         raise Rejected(f"{name} is not the {spec.notebook} notebook: none of its exercise or check cells are in it")
     return nb, notes
+
+
+def _grade_id_of(cell) -> str | None:
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    meta = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    found = meta.get("grade_id") if isinstance(meta, dict) else None
+    return found if isinstance(found, str) else None
 
 
 def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNode:
@@ -237,6 +252,28 @@ def finish(result: Result, nb, spec: AssignmentSpec, started: float) -> Result:
 
 # ---------------------------------------------------------------- the unit of work
 
+def prepare(job: Job, result: Result, resources: dict):
+    """The submission read, its grading metadata restored, inspected and sanitized, ready to run:
+    (notebook, resources); ``Rejected`` with the reason when nothing of it can be graded. Flags and
+    messages go to ``result``. Runs no student code."""
+    spec = job.spec
+    nb, notes = read_submission(job.data, job.source_name, spec)
+    result.messages += notes
+    released = nbformat.reads(spec.released, as_version=4)
+    try:
+        restored = restore_grading_metadata(nb, spec.view)  # the instructor's version of the rules
+        found = inspect(nb, released, spec.view)
+    except Exception as error:  # a notebook no rule foresaw: graded as far as sanitizing can take it
+        restored, found = Inspection(), Inspection()
+        found.add("graded-cell-edited", f"cells the grader could not inspect ({type(error).__name__})")
+    result.flags += [flag for flag in restored.flags + found.flags if flag not in result.flags]
+    result.messages += restored.details + found.details
+    try:
+        return sanitize(nb, spec.view, resources)
+    except Exception as error:
+        raise Rejected(f"{job.source_name}'s grading metadata is damaged beyond repair ({error})") from None
+
+
 def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
     """Grade ``job`` in ``sandbox``'s sandbox; never raises for anything the submission does."""
     from nbgrader.preprocessors import IgnorePattern, LimitOutput
@@ -252,16 +289,7 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
     resources = {"nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook,
                               "db_url": None}}
     try:
-        nb, notes = read_submission(job.data, job.source_name, spec)
-        result.messages += notes
-        released = nbformat.reads(spec.released, as_version=4)
-        found = inspect(nb, released, spec.view)
-        result.flags += found.flags
-        result.messages += found.details
-        try:
-            nb, resources = sanitize(nb, spec.view, resources)
-        except Exception as error:
-            raise Rejected(f"{job.source_name}'s grading metadata is damaged beyond repair ({error})") from None
+        nb, resources = prepare(job, result, resources)
     except Rejected as rejection:
         nb = rejected_notebook(spec, str(rejection))
         result.graded = False

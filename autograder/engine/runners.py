@@ -171,7 +171,9 @@ class LocalPool:
     def __init__(self, course_root: Path, limits: Limits, sandboxed: bool, workers: int):
         self.course_root, self.limits, self.sandboxed, self.workers = course_root, limits, sandboxed, workers
         self.context = multiprocessing.get_context("spawn")
-        self.base = Path(tempfile.mkdtemp(prefix="ag-"))
+        from .runs import SCRATCH_PREFIX
+
+        self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed
         self.executor: futures.ProcessPoolExecutor | None = None
         self.retired: list[futures.ProcessPoolExecutor] = []
 

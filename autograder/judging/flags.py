@@ -13,7 +13,7 @@ FAULT_PREFIX = "fault:"              # + hung, died, memory, not-run
 
 REVIEW_FLAGS = frozenset({
     "graded-cell-edited", "graded-cell-deleted", "graded-cell-duplicated", "cells-reordered",
-    "suspicious-code", "patched-functions", "hidden-checks-missing", "wrong-file-name", GRADING_FAILED,
+    "suspicious-code", "patched-functions", "grading-metadata-forged", "hidden-checks-missing", "wrong-file-name", GRADING_FAILED,
 })
 
 

@@ -323,3 +323,69 @@ def _parses(source: str) -> bool:
     except SyntaxError:
         return False
 
+
+
+# ---------------------------------------------------------------- the instructor's version of the rules
+
+FORGED_METADATA = "grading-metadata-forged"
+_KINDS = ("grade", "solution", "task")
+
+
+def restore_grading_metadata(nb, view: GradebookView) -> Inspection:
+    """Put the instructor's grading metadata back before anything else reads the notebook.
+
+    A cell that claims to be graded under an id the assignment does not have
+    (an added test cell, a copy under a new name) loses its claim and is graded
+    as an ordinary cell; a cell of the assignment that claims another kind
+    (``grade: true`` on an answer cell) or impossible points (negative, not a
+    number, not finite) gets the release's kind and points back. Each is a
+    ``grading-metadata-forged`` flag with the reason; the legitimate cells are
+    then graded as usual. Changed but possible points are nbgrader's
+    ``OverwriteCells``' to restore (``inspect`` flags them).
+    """
+    import math
+
+    result = Inspection()
+    records = {c.name: c for c in view.notebook.source_cells}
+    for index, cell in enumerate(nb.cells, start=1):
+        metadata = cell.get("metadata")
+        if not isinstance(metadata, dict):
+            cell["metadata"] = metadata = type(cell)()  # a cell without metadata is an ordinary cell
+        if "nbgrader" not in metadata:
+            continue
+        meta = metadata["nbgrader"]
+        if not isinstance(meta, dict):
+            del metadata["nbgrader"]
+            result.add(FORGED_METADATA, f"cell {index}: grading metadata that is not a mapping (ignored for scoring)")
+            continue
+        gid = meta.get("grade_id")
+        record = records.get(gid) if isinstance(gid, str) else None
+        if record is None:  # not a cell of the assignment: never graded, whatever it says
+            claims = [k for k in (*_KINDS, "locked") if meta.get(k)]
+            del metadata["nbgrader"]
+            if claims or "points" in meta:
+                result.add(FORGED_METADATA, f"cell {index} claims to be a {'/'.join(claims) or 'points'} cell "
+                                            f"{str(gid)[:60]!r} the assignment does not have (ignored for scoring)")
+            continue
+        kind = {"grade": record.max_score is not None and not record.task, "solution": record.solution,
+                "task": record.task}
+        changed = [k for k, v in kind.items() if bool(meta.get(k)) != v]
+        for key, value in kind.items():
+            meta[key] = value
+        meta["locked"] = record.locked  # nbgrader's OverwriteCells restores a changed one; this, one of another type
+        if changed:
+            result.add(FORGED_METADATA, f"changed {gid}'s kind ({', '.join(changed)}; restored before grading)")
+        if kind["grade"] or kind["task"]:
+            points = meta.get("points")
+            try:
+                sane = points is not None and not isinstance(points, bool) and math.isfinite(float(points)) \
+                    and float(points) >= 0
+            except (TypeError, ValueError, OverflowError):
+                sane = False
+            if not sane:
+                meta["points"] = record.max_score
+                result.add(FORGED_METADATA, f"gave {gid} impossible points {str(points)[:30]!r} "
+                                            "(restored before grading)")
+        elif "points" in meta:
+            del meta["points"]
+    return result

@@ -153,11 +153,9 @@ class Writer:
         if result.student not in self.students:
             gradebook.update_or_create_student(result.student)
             self.students.add(result.student)
-        if result.timestamp:
-            submission = gradebook.update_or_create_submission(result.assignment, result.student,
-                                                               timestamp=parse_utc(result.timestamp))
-        else:
-            submission = gradebook.update_or_create_submission(result.assignment, result.student)
+        # the time follows the files: a removed timestamp.txt clears the time an earlier run recorded
+        submission = gradebook.update_or_create_submission(
+            result.assignment, result.student, timestamp=parse_utc(result.timestamp) if result.timestamp else None)
         notebook = gradebook.find_submission_notebook(result.notebook, result.assignment, result.student)
         grades = {grade.name: grade for grade in notebook.grades}
         comments = {comment.name: comment for comment in notebook.comments}
