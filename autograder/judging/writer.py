@@ -139,10 +139,15 @@ class Writer:
         submitted = Path(self.coursedir.format_path(self.coursedir.submitted_directory, result.student,
                                                     result.assignment))
         for name in self.EXCHANGE_FILES:
+            copies = [self._path(folder, result, "").parent / name
+                      for folder in (self.coursedir.autograded_directory, self.coursedir.feedback_directory)]
             if (submitted / name).is_file():
                 text = (submitted / name).read_text(encoding="utf-8")
-                for folder in (self.coursedir.autograded_directory, self.coursedir.feedback_directory):
-                    write_atomically(self._path(folder, result, "").parent / name, text)
+                for copy in copies:
+                    write_atomically(copy, text)
+            else:  # removed from the submission: the copies follow (as the gradebook's time does)
+                for copy in copies:
+                    copy.unlink(missing_ok=True)
 
     def _grades(self, result: Result) -> bool:
         """The result into the gradebook, one transaction; whether the gradebook knows more than the
