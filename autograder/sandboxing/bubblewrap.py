@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -224,6 +225,7 @@ class WarmSandbox:
         self.process: subprocess.Popen | None = None
         self.info: dict = {}
         self.starts = 0
+        self.retired = 0  # sandboxes given up because their state could not be trusted
 
     # ------------------------------------------------------------ lifecycle
     def _config(self) -> dict:
@@ -312,8 +314,9 @@ class WarmSandbox:
         return self.process is not None and self.process.poll() is None
 
     def ensure(self) -> None:
-        """Start, or restart after a notebook killed us."""
-        if not self.alive():
+        """Start, or restart when the interpreter cannot prove it is sane (a notebook killed,
+        stopped or confused it): a worker in doubt is replaced, never reused."""
+        if not self.sane():
             self.close()
             self.start()
 
@@ -335,21 +338,60 @@ class WarmSandbox:
             self.process = None
 
     # ------------------------------------------------------------ requests
-    def request(self, op: str, timeout: float = 60.0, **fields) -> dict:
+    def request(self, op: str, timeout: float = 30.0, **fields) -> dict:
+        """One request to the warm interpreter and its answer.
+
+        A kernel runs as the same user as the interpreter that forked it, so it
+        can stop, signal or kill it. Every request carries a fresh random id and
+        only the reply with that id counts; a reply that does not come in time,
+        or does not fit, means the interpreter's state can no longer be trusted:
+        the sandbox is retired on the spot (its kernel and files with it), never
+        asked again, and the next notebook gets a fresh one.
+        """
         if not self.alive():
             raise SandboxGone("the sandbox's interpreter is gone")
         assert self.process is not None and self.process.stdin is not None
+        nonce = secrets.token_hex(8)
         try:
-            self.process.stdin.write((json.dumps({"op": op, **fields}) + "\n").encode("utf-8"))
+            self.process.stdin.write((json.dumps({"op": op, "id": nonce, **fields}) + "\n").encode("utf-8"))
             self.process.stdin.flush()
         except OSError as error:
+            self.close()
             raise SandboxGone(f"the sandbox's interpreter is gone ({error})") from None
         line = self._read(timeout)
-        if not line:
-            raise SandboxGone("the sandbox's interpreter did not answer")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line) if line else None
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or reply.get("id") != nonce:
+            self.retired += 1
+            self.close()
+            raise SandboxGone(f"the sandbox's interpreter did not answer {op} in step; it was replaced")
         if not reply.get("ok"):
             raise RuntimeError(f"sandbox request {op} failed: {reply.get('error')}")
+        return reply
+
+    def sane(self) -> bool:
+        """Whether the interpreter answers, in step, as the process that started (else it is retired)."""
+        if not self.alive():
+            return False
+        try:
+            reply = self.request("ping", timeout=15)
+        except (SandboxGone, RuntimeError):
+            self.close()
+            return False
+        if reply.get("pid") != self.info.get("pid"):
+            self.close()
+            return False
+        return True
+
+    def reset(self, pid: int | None, timeout: float = 120.0) -> dict:
+        """Kill every process of the notebook and wipe its private folders; a clean-up that
+        cannot prove it removed everything retires the sandbox (its tmpfs goes with it)."""
+        reply = self.request("reset", timeout=timeout, pid=pid)
+        if not reply.get("clean", True):
+            self.retired += 1
+            self.close()
         return reply
 
 
