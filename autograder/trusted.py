@@ -155,4 +155,4 @@ as_tensor = torch.as_tensor
 
 # Loading the checks seals the grading helpers (``seal``): graded kernels import this
 # module before any student code, so the helpers are recorded as the grader shipped them.
-from . import checks as _checks  # noqa: E402,F401
+__import__(f"{__package__}.checks")  # binds no name here: the sealed module stays as sealed

@@ -84,9 +84,10 @@ def test_decoding_is_bounded():
         verdict.read_line(Stream())
 
 
-def _kernel_like(code: str) -> subprocess.CompletedProcess:
-    """``code`` after the grading helpers load, as in a graded kernel; prints trusted.replaced()."""
-    program = "import autograder.checks, autograder.trusted\n" + textwrap.dedent(code) + (
+def _kernel_like(code: str, first: str = "autograder.trusted") -> subprocess.CompletedProcess:
+    """``code`` after the grading helpers load (``first`` first; graded kernels start with the
+    snapshot), as in a graded kernel; prints what the detector finds."""
+    program = f"import {first}\nimport autograder.checks, autograder.trusted\n" + textwrap.dedent(code) + (
         "\nprint(autograder.checks._replaced())")
     return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
 
@@ -102,9 +103,12 @@ def _kernel_like(code: str) -> subprocess.CompletedProcess:
     ("import json\njson.dumps = repr", "json.dumps"),
 ])
 def test_changes_to_the_grading_helpers_are_detected(code, found):
+    if not code:
+        assert _kernel_like(code, first="autograder.checks").stdout.strip().splitlines()[-1] == "[]"
     result = _kernel_like(code)
     assert result.returncode == 0, result.stderr
-    assert found in result.stdout.strip().splitlines()[-1]
+    last = result.stdout.strip().splitlines()[-1]
+    assert found in last and (code or last == "[]"), last
 
 
 @pytest.mark.parametrize("source", [

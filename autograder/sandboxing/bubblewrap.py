@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -226,6 +227,7 @@ class WarmSandbox:
         self.info: dict = {}
         self.starts = 0
         self.retired = 0  # sandboxes given up because their state could not be trusted
+        self._interpreter_pid: int | None = None  # the warm interpreter, as this machine numbers it
 
     # ------------------------------------------------------------ lifecycle
     def _config(self) -> dict:
@@ -304,11 +306,19 @@ class WarmSandbox:
         return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
     def _read(self, timeout: float) -> str:
+        """One line from the interpreter within ``timeout`` seconds (empty if none); meanwhile the
+        interpreter is woken up again and again, should a kernel keep stopping it."""
         assert self.process is not None and self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            return ""
-        return self.process.stdout.readline().decode("utf-8")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            ready, _, _ = select.select([self.process.stdout], [], [], min(left, 0.05))
+            if ready:
+                return self.process.stdout.readline().decode("utf-8")
+            if self.info:  # once it is up (the first line is its own "ready")
+                self._wake()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -321,6 +331,7 @@ class WarmSandbox:
             self.start()
 
     def close(self) -> None:
+        self._interpreter_pid = None
         if self.process is not None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -351,6 +362,7 @@ class WarmSandbox:
         if not self.alive():
             raise SandboxGone("the sandbox's interpreter is gone")
         assert self.process is not None and self.process.stdin is not None
+        self._wake()
         nonce = secrets.token_hex(8)
         try:
             self.process.stdin.write((json.dumps({"op": op, "id": nonce, **fields}) + "\n").encode("utf-8"))
@@ -370,6 +382,16 @@ class WarmSandbox:
         if not reply.get("ok"):
             raise RuntimeError(f"sandbox request {op} failed: {reply.get('error')}")
         return reply
+
+    def _wake(self) -> None:
+        """Let the interpreter run if a kernel stopped it (SIGSTOP): a stop costs nothing then."""
+        if self._interpreter_pid is None and self.process is not None:
+            self._interpreter_pid = _descendant_running(self.process.pid, "autograder.sandboxing.zygote")
+        if self._interpreter_pid is not None:
+            try:
+                os.kill(self._interpreter_pid, signal.SIGCONT)
+            except OSError:
+                pass
 
     def sane(self) -> bool:
         """Whether the interpreter answers, in step, as the process that started (else it is retired)."""
@@ -397,6 +419,34 @@ class WarmSandbox:
 
 class SandboxGone(RuntimeError):
     """The warm interpreter died (a notebook killed it): start it again."""
+
+
+def _descendant_running(pid: int, marker: str, depth: int = 4) -> int | None:
+    """The pid of the Python process below ``pid`` (itself included) running module ``marker``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            arguments = handle.read().split(b"\0")
+        if arguments[0] == sys.executable.encode() and marker.encode() in arguments:  # not bwrap's own line
+            return pid
+    except OSError:
+        return None
+    if depth == 0:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                children = [int(c) for c in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found = _descendant_running(child, marker, depth - 1)
+            if found is not None:
+                return found
+    return None
 
 
 def _processes_of(uid: int) -> int:

@@ -89,7 +89,7 @@ class SandboxKernelManager(AsyncKernelManager):
         if self._pid is None:
             return False
         try:
-            return bool(self.sandbox.request("poll", pid=self._pid)["alive"])
+            return bool(self.sandbox.request("poll", timeout=10, pid=self._pid)["alive"])
         except SandboxGone:
             return False
 
