@@ -410,7 +410,10 @@ class WarmSandbox:
     def reset(self, pid: int | None, timeout: float = 120.0) -> dict:
         """Kill every process of the notebook and wipe its private folders; a clean-up that
         cannot prove it removed everything retires the sandbox (its tmpfs goes with it)."""
-        reply = self.request("reset", timeout=timeout, pid=pid)
+        try:
+            reply = self.request("reset", timeout=timeout, pid=pid)
+        except RuntimeError:  # the interpreter failed to reset: nothing of it is reused
+            reply = {"clean": False}
         if not reply.get("clean", True):
             self.retired += 1
             self.close()

@@ -13,7 +13,13 @@ one JSON line on stdout:
 - ``sweep``: kill every process in the sandbox but this one and the kernel
   (what a forking cell left behind), and say how much memory the kernel has
   left; ``reset``: kill them all, kernel included,
-  and wipe the private temporary and working folders, ready for the next notebook.
+  and wipe the private temporary and working folders, ready for the next notebook,
+  saying whether it could prove them clean (else the grader retires the sandbox).
+
+Every reply carries the id of the request it answers. The kernels it forks run
+as its own user and can stop, signal or kill it: the grader never trusts it
+beyond one request (``bubblewrap.WarmSandbox.request``) and replaces it when it
+falls out of step.
 
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
