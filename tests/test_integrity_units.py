@@ -120,3 +120,8 @@ def test_changes_to_the_grading_helpers_are_detected(code, found):
 def test_indirect_routes_to_the_helpers_are_named(source):
     found = suspicious_code([source])
     assert found and any(forges_helpers(f) for f in found), found
+
+
+def test_reload_helpers_are_flagged_but_cost_nothing():
+    found = suspicious_code(["import importlib\nimportlib.reload(mymodule)", "from autograder import reference"])
+    assert found and not any(forges_helpers(f) for f in found), found

@@ -198,7 +198,7 @@ def _dotted(node) -> str | None:
 _FUNCTION_INNARDS = {"__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__", "__dict__",
                      "__class__", "__bases__"}
 # Findings that mean the grading helpers themselves may have been changed.
-_FORGING = ("autograder", "sys.modules", "a function's", "computed object", "importlib", "gc")
+_FORGING = ("autograder", "sys.modules", "a function's", "computed object")
 
 
 def forges_helpers(finding: str) -> bool:
