@@ -6,8 +6,14 @@ friends. ``replaced()`` then lists what student code has swapped out since: a
 check that finds anything refuses to give points, because any comparison it
 made afterwards could be fooled.
 """
+import base64
 import builtins
+import json
 import math
+import pickle
+import socket
+import sys
+import types
 
 import numpy
 import numpy.testing
@@ -23,6 +29,10 @@ _MODULES = {
     "numpy": numpy,
     "numpy.testing": numpy.testing,
     "math": math,
+    # what the wire to the grader is made of
+    "json": json,
+    "base64": base64,
+    "pickle": pickle,
 }
 # ipykernel itself swaps builtins such as input() on every execution, so only
 # the builtins that the checks call are watched.
@@ -35,6 +45,7 @@ _CLASSES = {
     "torch.Tensor": torch.Tensor,
     "torch._C.TensorBase": torch._C.TensorBase,
     "numpy.ndarray": numpy.ndarray,
+    "socket.socket": socket.socket,
 }
 
 
@@ -64,9 +75,68 @@ _snapshot["builtins"] = {name: getattr(builtins, name) for name in _BUILTINS}
 _class_keys = {label: set(vars(cls)) for label, cls in _CLASSES.items()}
 
 
+# ---------------------------------------------------------------- the grading helpers
+# ``seal`` (called once checks.py, verdict.py and this module are loaded, before any
+# student code) records the helpers as they are: each module's place in
+# sys.modules, every name in it, and for every function (module-level, or a
+# method of a class defined there) the function object, its code, defaults and
+# closure. Replacing a helper (``checks.observe = ...``), a method
+# (``verdict.Link.result = ...``), a code object (``f.__code__ = ...``), a module
+# (``sys.modules["autograder.verdict"] = ...``) or this detector itself, by any
+# route (setattr, vars(), exec of a built string), shows up in ``replaced()``.
+_helpers: dict[str, tuple] = {}
+
+
+def _function_state(function) -> tuple:
+    return (function, function.__code__, function.__defaults__, function.__kwdefaults__, function.__closure__)
+
+
+def _module_state(module) -> dict:
+    state = {}
+    for name, value in vars(module).items():
+        state[name] = value
+        if isinstance(value, types.FunctionType):
+            state[f"{name}()"] = _function_state(value)
+        elif isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
+            state[f"{name}.*"] = frozenset(vars(value))
+            for attribute, member in vars(value).items():
+                if isinstance(member, (staticmethod, classmethod)):
+                    member = member.__func__
+                if isinstance(member, types.FunctionType):
+                    state[f"{name}.{attribute}()"] = _function_state(member)
+    return state
+
+
+def seal(*modules) -> None:
+    """Record the grading helpers ``modules`` as they are now (once per module)."""
+    for module in modules:
+        if module.__name__ not in _helpers:
+            _helpers[module.__name__] = (module, _module_state(module))
+
+
+def _helper_changes() -> list[str]:
+    changed = []
+    for label, (module, state) in _helpers.items():
+        if sys.modules.get(label) is not module:
+            changed.append(f"sys.modules[{label!r}]")
+        now = _module_state(module)
+        for key in sorted(set(state) | set(now)):
+            before, after = state.get(key, _MISSING_STATE), now.get(key, _MISSING_STATE)
+            same = before is after if not isinstance(before, (tuple, frozenset)) else (
+                before == after if isinstance(before, frozenset) else (
+                    isinstance(after, tuple) and len(after) == len(before)
+                    and all(a is b for a, b in zip(before, after))))
+            if not same:
+                changed.append(f"{label}.{key.rstrip('()*').rstrip('.')}")
+    return list(dict.fromkeys(changed))
+
+
+_MISSING_STATE = object()
+
+
 def replaced() -> list[str]:
     """Qualified names of watched functions that differ from the snapshot."""
-    changed = []
+    changed = _helper_changes()
     for label, obj in {**_MODULES, **_CLASSES, "builtins": builtins}.items():
         now = vars(obj)
         for name, original in _snapshot[label].items():
@@ -82,3 +152,7 @@ allclose = torch.allclose
 isfinite = torch.isfinite
 isnan = torch.isnan
 as_tensor = torch.as_tensor
+
+# Loading the checks seals the grading helpers (``seal``): graded kernels import this
+# module before any student code, so the helpers are recorded as the grader shipped them.
+__import__(f"{__package__}.checks")  # binds no name here: the sealed module stays as sealed

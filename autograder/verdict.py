@@ -26,6 +26,10 @@ import socket
 ENVIRONMENT = "AUTOGRADER_VERDICTS"
 MAX_MESSAGE = 64 * 1024 * 1024  # bytes of one message, either way
 _MAX_DEPTH = 16
+# Items (numbers, strings, tensors, sequences) in one message's outputs: tensors cross
+# as one string each, so honest outputs have a few dozen; one output made of millions
+# of small objects would cost the judge seconds and gigabytes to parse and decode.
+MAX_ITEMS = 10_000
 TENSOR_DTYPES = (
     "float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool",
     "complex64", "complex128",
@@ -53,11 +57,15 @@ class ProtocolError(ValueError):
 
 # ---------------------------------------------------------------- data
 
-def encode(value, depth: int = 0):
+def encode(value, depth: int = 0, budget: list | None = None):
     """``value`` as JSON-able data: learner outputs on their way out of the sandbox."""
     import numpy
     import torch
 
+    budget = budget if budget is not None else [MAX_ITEMS]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ProtocolError(f"output made of more than {MAX_ITEMS} objects")
     if depth > _MAX_DEPTH:
         raise ProtocolError("output nested too deeply")
     if value is None or isinstance(value, (bool, str)):
@@ -79,10 +87,12 @@ def encode(value, depth: int = 0):
         return {"tensor": str(torch.as_tensor(value).dtype).removeprefix("torch."), "numpy": True,
                 **{k: v for k, v in encode(torch.as_tensor(value)).items() if k in ("shape", "data")}}
     if isinstance(value, numpy.generic):
-        return encode(value.item(), depth + 1)
+        return encode(value.item(), depth + 1, budget)
     if isinstance(value, (tuple, list)):
+        if len(value) > MAX_ITEMS:
+            raise ProtocolError(f"output made of more than {MAX_ITEMS} objects")
         return {"sequence": "tuple" if isinstance(value, tuple) else "list",
-                "items": [encode(item, depth + 1) for item in value]}
+                "items": [encode(item, depth + 1, budget) for item in value]}
     return {"object": type(value).__name__[:80]}
 
 
@@ -95,10 +105,15 @@ def _opaque(type_name: str):
     return cls()
 
 
-def decode(data, depth: int = 0):
-    """The value ``encode`` described; outside the sandbox, on untrusted data."""
+def decode(data, depth: int = 0, budget: list | None = None):
+    """The value ``encode`` described; outside the sandbox, on untrusted data (bounded: at most
+    ``MAX_ITEMS`` objects, ``_MAX_DEPTH`` levels, tensors of the size their bytes say)."""
     import torch
 
+    budget = budget if budget is not None else [MAX_ITEMS]
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ProtocolError(f"output made of more than {MAX_ITEMS} objects")
     if depth > _MAX_DEPTH or not isinstance(data, dict):
         raise ProtocolError("malformed output")
     if "value" in data:
@@ -129,7 +144,9 @@ def decode(data, depth: int = 0):
         items = data.get("items")
         if not isinstance(items, list):
             raise ProtocolError("malformed sequence")
-        values = [decode(item, depth + 1) for item in items]
+        if len(items) > budget[0]:
+            raise ProtocolError(f"output made of more than {MAX_ITEMS} objects")
+        values = [decode(item, depth + 1, budget) for item in items]
         return tuple(values) if data["sequence"] == "tuple" else values
     if "object" in data:
         return _opaque(str(data["object"])[:80])
@@ -148,6 +165,10 @@ def read_line(stream, limit: int = MAX_MESSAGE) -> dict:
         raise ProtocolError("connection closed")
     if len(line) > limit:
         raise ProtocolError("message too large")
+    # Bounded before parsing: every object of the message opens a brace (a tensor's
+    # bytes are one base64 string, which has none), so this counts them in one pass.
+    if line.count(b"{" if isinstance(line, bytes) else "{") > 4 * MAX_ITEMS:
+        raise ProtocolError("message made of too many objects")
     message = json.loads(line)
     if not isinstance(message, dict):
         raise ProtocolError("a message must be an object")

@@ -92,11 +92,45 @@ def submit(course: Course, entry: dict) -> Path:
     return path
 
 
-def submit_all(course: Course) -> list[dict]:
-    entries = load_catalogue()
+def submit_all(course: Course, only=None) -> list[dict]:
+    """Submit every entry of the catalogue (or those ``only(entry)`` keeps)."""
+    entries = [entry for entry in load_catalogue() if only is None or only(entry)]
     for entry in entries:
         submit(course, entry)
     return entries
+
+
+def verify(course: Course, entry: dict, summary: dict) -> None:
+    """Assert what ``entry['expect']`` says about its graded submission (``summary``: its ledger row)."""
+    from autograder.judging.flags import REVIEW_FLAGS
+
+    expect = entry.get("expect", {})
+    student = entry["id"]
+    scores = {cell[len("test_"):]: score for cell, score in course.scores(student, ASSIGNMENT).items()}
+    full = {cell[len("test_"):]: points for cell, points in course.max_scores(ASSIGNMENT).items()}
+    wanted = {name: 0.0 for name in full} if expect.get("all_zero") else {
+        name: (0.0 if name in expect.get("zero", []) else points) for name, points in full.items()}
+    assert scores == wanted, (f"{student}: {entry['what']}", summary.get("messages"))
+    assert summary["graded"] == expect.get("graded", True), summary["messages"]
+    assert ("not-graded" in summary["flags"]) == (not summary["graded"]), summary["flags"]
+    for flag in expect.get("flags", []):
+        assert flag in summary["flags"], (flag, summary["flags"], summary["messages"])
+    if expect.get("flags_any"):
+        assert set(expect["flags_any"]) & set(summary["flags"]), (expect["flags_any"], summary["flags"])
+    if "flags" not in expect:  # nothing to review in what it did
+        assert not set(summary["flags"]) & REVIEW_FLAGS, summary
+    for text in expect.get("messages", []):
+        assert any(text in message for message in summary["messages"]), (text, summary["messages"])
+    page = course.feedback_text(student, ASSIGNMENT)
+    for text in expect.get("feedback", []):
+        assert fill(text, course) in page, text
+    for text in expect.get("feedback_absent", []):
+        assert fill(text, course) not in page, text
+    for relative in expect.get("host_untouched", []):
+        assert not (course.root / relative).exists(), relative
+    if expect.get("autograded_max_mb"):
+        path = course.root / "coursework" / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        assert path.stat().st_size < expect["autograded_max_mb"] * 2 ** 20, path.stat().st_size
 
 
 if __name__ == "__main__":

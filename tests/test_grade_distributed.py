@@ -23,6 +23,7 @@ import pytest
 from browser_harness import free_port
 from grading_harness import UNTOUCHED, Course, grade, sandbox_works
 
+from hostile_submissions import ASSIGNMENT, submit_all, verify
 from local_cluster import LocalCluster
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -136,6 +137,25 @@ def test_the_cluster_gives_the_local_gradebook(cluster, local, template, tmp_pat
     assert any("max" in message for message in verdicts(course)[("ben", "01_attention")]["test_softmax"])
     rerun = grade(course.root, *LIMITS, "--scheduler", cluster.address)
     assert rerun.returncode == 0 and "11 unchanged" in rerun.stdout, rerun.stdout
+
+
+def test_hostile_integrity_class_on_the_cluster(cluster, local, template, tmp_path):
+    """The catalogue's integrity fixtures (issue 15), graded on the two workers among the class:
+    each hostile one gets what its own answers earn and its flags; nobody else loses anything."""
+    course = copy_course(template, tmp_path / "course")
+    entries = submit_all(course, only=lambda entry: entry.get("integrity"))
+    assert len(entries) >= 9
+    result = grade(course.root, *LIMITS, "--scheduler", cluster.address)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"Graded {11 + len(entries)} notebook(s)" in result.stdout, result.stdout[-2000:]
+    with sqlite3.connect(course.root / "coursework" / ".work" / "grading.sqlite") as db:
+        summaries = {(s, a): json.loads(x) for s, a, x in db.execute("SELECT student, assignment, summary FROM graded")}
+    for entry in entries:
+        verify(course, entry, summaries[(entry["id"], ASSIGNMENT)])
+    hostile = {entry["id"] for entry in entries}
+    others = {k: v for k, v in course.gradebook_dump().items() if k[0] not in hostile}
+    assert others == local.gradebook_dump()
+    assert course.scores("ann", ASSIGNMENT) == course.max_scores(ASSIGNMENT)
 
 
 def test_killing_a_worker_mid_run_loses_nothing(cluster, local, template, tmp_path):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from .. import checks
 from ..judging.cells import error_output, graded_id
 from ..judging.flags import GRADING_FAILED, NOT_GRADED
 from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
@@ -174,7 +175,7 @@ def failed_result(job: Job, message: str) -> Result:
 
 # ---------------------------------------------------------------- verdicts into outputs
 
-def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
+def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[list, list]:
     """Make each grade cell's outputs agree with the grader's own record of its checks.
 
     A check that failed, did not finish or never reported gets its error output
@@ -201,6 +202,9 @@ def apply_verdicts(nb, server, expected: dict, execution) -> tuple[list, list]:
                 message = f"The hidden checks of `{exercise}` did not finish (the cell was stopped)."
             else:
                 message = verdict.message
+            if forged and message is None:
+                # The notebook changes the grading helpers: what its kernel reported cannot be trusted.
+                message = checks.tampering_message([f"code that {f}" for f in forged])
             if verdict is not None and verdict.tampered:
                 flags.append("patched-functions")
             if message and mistake_of(message) == "tampering" and verdict is not None:
@@ -308,7 +312,7 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
             sandbox, job.limits, str(sandbox.work_dir(job.assignment)), kernel_environment(socket_path),
             list(spec.kernel_arguments), spec.files, server=server)
         execution = executor.run(nb)
-        records, flags = apply_verdicts(nb, server, spec.expected, execution)
+        records, flags = apply_verdicts(nb, server, spec.expected, execution, found.forged)
     finally:
         server.close()
         if not sandbox.sandboxed:

@@ -205,7 +205,8 @@ class Judge:
             return checks.finish(target, str(problem)[:4000])
         cases = self.cases(name)
         try:
-            values = [verdict.decode(output) for output in outputs]
+            budget = [verdict.MAX_ITEMS]  # shared by all the outputs of one check
+            values = [verdict.decode(output, budget=budget) for output in outputs[:len(cases) + 1]]
         except (verdict.ProtocolError, ValueError, TypeError) as error:
             return f"`{target}`: its outputs could not be checked ({error})."
         if len(values) != len(cases):

@@ -164,6 +164,9 @@ def sanitize(nb, view: GradebookView, resources: dict):
 class Inspection:
     flags: list[str] = field(default_factory=list)    # short ids for the report
     details: list[str] = field(default_factory=list)  # what exactly, for the instructor
+    # Code that changes the grading helpers themselves (the check, the wire, the
+    # detector): every verdict the kernel sends may be forged, so no check counts.
+    forged: list[str] = field(default_factory=list)
 
     def add(self, flag: str, detail: str) -> None:
         if flag not in self.flags:
@@ -190,6 +193,17 @@ def _dotted(node) -> str | None:
         parts.append(node.id)
         return ".".join(reversed(parts))
     return None
+
+
+_FUNCTION_INNARDS = {"__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__", "__dict__",
+                     "__class__", "__bases__"}
+# Findings that mean the grading helpers themselves may have been changed.
+_FORGING = ("autograder", "sys.modules", "a function's", "computed object")
+
+
+def forges_helpers(finding: str) -> bool:
+    """Whether a ``suspicious_code`` finding touches the grading helpers (the check, the wire)."""
+    return any(word in finding for word in _FORGING) and not finding.startswith("imports autograder")
 
 
 def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -> list[str]:
@@ -226,6 +240,17 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
     found = []
     for tree in trees:
         for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    "autograder" in node.value or "AUTOGRADER_" in node.value):
+                found.append("names the grading package autograder in a string (an indirect route to it)")
+            if isinstance(node, ast.Attribute) and node.attr in _FUNCTION_INNARDS and isinstance(
+                    node.ctx, (ast.Store, ast.Del)):
+                found.append(f"replaces a function's {node.attr}")
+            if isinstance(node, ast.Attribute) and node.attr == "modules" and resolve(_dotted(node)) == "sys.modules":
+                found.append("reaches into sys.modules")
+            if isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "delattr") and node.args and (
+                    not isinstance(node.args[0], (ast.Name, ast.Attribute))):
+                found.append(f"calls {_dotted(node.func)} on a computed object")
             targets = []
             if isinstance(node, ast.Assign):
                 targets = node.targets
@@ -253,7 +278,7 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for module in modules:
-                    if module.split(".")[0] in ("autograder", "ctypes", "nbgrader"):
+                    if module.split(".")[0] in ("autograder", "ctypes", "nbgrader", "importlib", "gc"):
                         found.append(f"imports {module}")
     return list(dict.fromkeys(found))
 
@@ -313,6 +338,8 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
                             alias.name if alias.asname else alias.name.split(".")[0])
     for finding in suspicious_code(student_sources, aliases):
         result.add("suspicious-code", f"code that {finding}")
+        if forges_helpers(finding):
+            result.forged.append(finding)
     return result
 
 

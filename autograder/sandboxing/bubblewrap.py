@@ -29,12 +29,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -224,6 +226,8 @@ class WarmSandbox:
         self.process: subprocess.Popen | None = None
         self.info: dict = {}
         self.starts = 0
+        self.retired = 0  # sandboxes given up because their state could not be trusted
+        self._interpreter_pid: int | None = None  # the warm interpreter, as this machine numbers it
 
     # ------------------------------------------------------------ lifecycle
     def _config(self) -> dict:
@@ -302,22 +306,32 @@ class WarmSandbox:
         return " | ".join(text.strip().splitlines()[-lines:]) or "(empty log)"
 
     def _read(self, timeout: float) -> str:
+        """One line from the interpreter within ``timeout`` seconds (empty if none); meanwhile the
+        interpreter is woken up again and again, should a kernel keep stopping it."""
         assert self.process is not None and self.process.stdout is not None
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        if not ready:
-            return ""
-        return self.process.stdout.readline().decode("utf-8")
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            ready, _, _ = select.select([self.process.stdout], [], [], min(left, 0.05))
+            if ready:
+                return self.process.stdout.readline().decode("utf-8")
+            if self.info:  # once it is up (the first line is its own "ready")
+                self._wake()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def ensure(self) -> None:
-        """Start, or restart after a notebook killed us."""
-        if not self.alive():
+        """Start, or restart when the interpreter cannot prove it is sane (a notebook killed,
+        stopped or confused it): a worker in doubt is replaced, never reused."""
+        if not self.sane():
             self.close()
             self.start()
 
     def close(self) -> None:
+        self._interpreter_pid = None
         if self.process is not None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -335,26 +349,107 @@ class WarmSandbox:
             self.process = None
 
     # ------------------------------------------------------------ requests
-    def request(self, op: str, timeout: float = 60.0, **fields) -> dict:
+    def request(self, op: str, timeout: float = 30.0, **fields) -> dict:
+        """One request to the warm interpreter and its answer.
+
+        A kernel runs as the same user as the interpreter that forked it, so it
+        can stop, signal or kill it. Every request carries a fresh random id and
+        only the reply with that id counts; a reply that does not come in time,
+        or does not fit, means the interpreter's state can no longer be trusted:
+        the sandbox is retired on the spot (its kernel and files with it), never
+        asked again, and the next notebook gets a fresh one.
+        """
         if not self.alive():
             raise SandboxGone("the sandbox's interpreter is gone")
         assert self.process is not None and self.process.stdin is not None
+        self._wake()
+        nonce = secrets.token_hex(8)
         try:
-            self.process.stdin.write((json.dumps({"op": op, **fields}) + "\n").encode("utf-8"))
+            self.process.stdin.write((json.dumps({"op": op, "id": nonce, **fields}) + "\n").encode("utf-8"))
             self.process.stdin.flush()
         except OSError as error:
+            self.close()
             raise SandboxGone(f"the sandbox's interpreter is gone ({error})") from None
         line = self._read(timeout)
-        if not line:
-            raise SandboxGone("the sandbox's interpreter did not answer")
-        reply = json.loads(line)
+        try:
+            reply = json.loads(line) if line else None
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or reply.get("id") != nonce:
+            self.retired += 1
+            self.close()
+            raise SandboxGone(f"the sandbox's interpreter did not answer {op} in step; it was replaced")
         if not reply.get("ok"):
             raise RuntimeError(f"sandbox request {op} failed: {reply.get('error')}")
+        return reply
+
+    def _wake(self) -> None:
+        """Let the interpreter run if a kernel stopped it (SIGSTOP): a stop costs nothing then."""
+        if self._interpreter_pid is None and self.process is not None:
+            self._interpreter_pid = _descendant_running(self.process.pid, "autograder.sandboxing.zygote")
+        if self._interpreter_pid is not None:
+            try:
+                os.kill(self._interpreter_pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+    def sane(self) -> bool:
+        """Whether the interpreter answers, in step, as the process that started (else it is retired)."""
+        if not self.alive():
+            return False
+        try:
+            reply = self.request("ping", timeout=15)
+        except (SandboxGone, RuntimeError):
+            self.close()
+            return False
+        if reply.get("pid") != self.info.get("pid"):
+            self.close()
+            return False
+        return True
+
+    def reset(self, pid: int | None, timeout: float = 120.0) -> dict:
+        """Kill every process of the notebook and wipe its private folders; a clean-up that
+        cannot prove it removed everything retires the sandbox (its tmpfs goes with it)."""
+        try:
+            reply = self.request("reset", timeout=timeout, pid=pid)
+        except RuntimeError:  # the interpreter failed to reset: nothing of it is reused
+            reply = {"clean": False}
+        if not reply.get("clean", True):
+            self.retired += 1
+            self.close()
         return reply
 
 
 class SandboxGone(RuntimeError):
     """The warm interpreter died (a notebook killed it): start it again."""
+
+
+def _descendant_running(pid: int, marker: str, depth: int = 4) -> int | None:
+    """The pid of the Python process below ``pid`` (itself included) running module ``marker``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            arguments = handle.read().split(b"\0")
+        if arguments[0] == sys.executable.encode() and marker.encode() in arguments:  # not bwrap's own line
+            return pid
+    except OSError:
+        return None
+    if depth == 0:
+        return None
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                children = [int(c) for c in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+        for child in children:
+            found = _descendant_running(child, marker, depth - 1)
+            if found is not None:
+                return found
+    return None
 
 
 def _processes_of(uid: int) -> int:

@@ -76,7 +76,7 @@ class SandboxKernelManager(AsyncKernelManager):
         reply = self.sandbox.request(
             "spawn", connection_file=self.connection_file, cwd=self.kernel_cwd, env=self.kernel_env,
             arguments=self.kernel_arguments, limits=asdict(self.limits), files=self.kernel_files,
-            log="/tmp/kernel.log")
+            log="/tmp/kernel.log", timeout=120)
         self._pid = reply["pid"]
 
     start_kernel = _async_start_kernel
@@ -89,7 +89,7 @@ class SandboxKernelManager(AsyncKernelManager):
         if self._pid is None:
             return False
         try:
-            return bool(self.sandbox.request("poll", pid=self._pid)["alive"])
+            return bool(self.sandbox.request("poll", timeout=10, pid=self._pid)["alive"])
         except SandboxGone:
             return False
 
@@ -97,7 +97,7 @@ class SandboxKernelManager(AsyncKernelManager):
         """Interrupt the kernel, first killing what it started (a fork bomb would starve it)."""
         if self._pid is not None:
             try:
-                self.swept += int(self.sandbox.request("interrupt", pid=self._pid).get("killed", 0))
+                self.swept += int(self.sandbox.request("interrupt", timeout=120, pid=self._pid).get("killed", 0))
             except SandboxGone:
                 pass
 
@@ -109,7 +109,7 @@ class SandboxKernelManager(AsyncKernelManager):
         if self._pid is None:
             return 0
         try:
-            reply = self.sandbox.request("sweep", pid=self._pid)
+            reply = self.sandbox.request("sweep", timeout=120, pid=self._pid)
         except SandboxGone:
             return 0
         self.headroom_mb = reply.get("headroom_mb")
@@ -119,7 +119,7 @@ class SandboxKernelManager(AsyncKernelManager):
 
     async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         try:
-            reply = self.sandbox.request("reset", timeout=120, pid=self._pid)
+            reply = self.sandbox.reset(self._pid)
             if reply.get("cpu") is not None:
                 self.cpu = reply["cpu"]
         except SandboxGone:
@@ -141,6 +141,25 @@ class SandboxKernelManager(AsyncKernelManager):
     interrupt_kernel = _async_interrupt_kernel
     shutdown_kernel = _async_shutdown_kernel
     cleanup_resources = _async_cleanup_resources
+
+
+def output_size(msg_type: str, content: dict) -> int:
+    """Characters an output adds to the notebook (what the output cap counts)."""
+    def size(value, depth=0) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if depth > 20:
+            return 64
+        if isinstance(value, dict):
+            return sum(len(str(k)) + size(v, depth + 1) for k, v in value.items()) + 2
+        if isinstance(value, (list, tuple)):
+            return sum(size(v, depth + 1) for v in value) + 2
+        return 16
+    if msg_type == "stream":
+        return size(content.get("text", ""))
+    if msg_type == "error":
+        return size(content.get("ename", "")) + size(content.get("evalue", "")) + size(content.get("traceback", []))
+    return size(content.get("data", {})) + size(content.get("metadata", {}))
 
 
 @dataclass
@@ -193,18 +212,34 @@ class ContainedExecute(Execute):
         self._timed_out = True
         return await super()._async_handle_timeout(timeout, cell)
 
+    def _cap(self) -> int:
+        return int(self.limits.output_mb * 1024 * 1024)
+
     def output(self, outs, msg, display_id, cell_index):
+        """Every kind of output counts against the cell's cap: printed text, rich display data,
+        results, errors. Past the cap they are dropped (with a note at the end); an error is
+        kept, shortened, so the cell still shows that it failed."""
         content = msg["content"]
-        if msg["msg_type"] == "stream":
-            size = len(content.get("text", ""))
-        else:  # display data, results: their payloads
-            size = sum(len(value) if isinstance(value, str) else 64 for value in content.get("data", {}).values())
-        total = self._printed.get(cell_index, 0) + size
+        total = self._printed.get(cell_index, 0) + output_size(msg["msg_type"], content)
         self._printed[cell_index] = total
-        if total > self.limits.output_mb * 1024 * 1024 and msg["msg_type"] != "error":
+        if total > self._cap():
             self._cut.add(cell_index)
-            return None
+            if msg["msg_type"] != "error" or any(o.get("output_type") == "error" for o in outs):
+                return None
+            content["evalue"] = str(content.get("evalue", ""))[:2000]
+            content["traceback"] = [str(line)[:2000] for line in content.get("traceback", [])[-20:]]
         return super().output(outs, msg, display_id, cell_index)
+
+    def _update_display_id(self, display_id, msg):
+        """An update replaces a display's data in place: it counts against the cells it lands in."""
+        size = output_size("display_data", msg.get("content", {}))
+        cells = list(self._display_id_map.get(display_id, {}))
+        for index in cells:
+            self._printed[index] = self._printed.get(index, 0) + size
+        if any(self._printed[index] > self._cap() for index in cells):
+            self._cut.update(cells)
+            return None
+        return super()._update_display_id(display_id, msg)
 
     # ------------------------------------------------------------ kernels
     async def _ready(self, deadline: float) -> None:

@@ -13,7 +13,13 @@ one JSON line on stdout:
 - ``sweep``: kill every process in the sandbox but this one and the kernel
   (what a forking cell left behind), and say how much memory the kernel has
   left; ``reset``: kill them all, kernel included,
-  and wipe the private temporary and working folders, ready for the next notebook.
+  and wipe the private temporary and working folders, ready for the next notebook,
+  saying whether it could prove them clean (else the grader retires the sandbox).
+
+Every reply carries the id of the request it answers. The kernels it forks run
+as its own user and can stop, signal or kill it: the grader never trusts it
+beyond one request (``bubblewrap.WarmSandbox.request``) and replaces it when it
+falls out of step.
 
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
@@ -69,32 +75,122 @@ def _warm_up(modules: list[str]) -> dict:
     return timings
 
 
-def _wipe(folder: str, keep=()) -> None:
-    """Empty ``folder`` (files a notebook left, whatever their permissions), but
-    not the paths in ``keep`` and their parents (the grader's socket folder)."""
-    if not os.path.isdir(folder):
-        return
+def _remove_tree(path: str, budget: list[int]) -> bool:
+    """Remove the directory ``path`` and everything under it; False if something stayed.
 
-    def unlock(function, path, _info):
+    Whatever a notebook left: any depth (no recursion, and no path ever longer
+    than one name: the walk moves its working directory down and up), any
+    count (``budget`` bounds the work, shared across calls), any permissions
+    (each folder is made writable before it is entered), special files
+    (fifos, sockets: unlinked, never opened). Nothing runs in the sandbox
+    meanwhile (``reset`` killed every process first), so nothing changes
+    under the walk.
+    """
+    home = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    names: list[str] = []  # the folders we are inside, below ``path``'s parent
+    try:
+        os.chdir(os.path.dirname(path) or "/")
+        names.append(os.path.basename(path))
         try:
-            os.chmod(os.path.dirname(path), 0o700)
-            os.chmod(path, 0o700)
-            function(path)
+            os.chmod(names[-1], 0o700, follow_symlinks=False)
         except OSError:
             pass
-    for name in os.listdir(folder):
+        os.chdir(names[-1])
+        while names:
+            budget[0] -= 1
+            if budget[0] < 0:
+                return False
+            descended = False
+            with os.scandir(".") as entries:
+                for entry in entries:
+                    budget[0] -= 1
+                    if budget[0] < 0:
+                        return False
+                    if entry.is_dir(follow_symlinks=False):
+                        try:
+                            os.chmod(entry.name, 0o700, follow_symlinks=False)
+                            os.chdir(entry.name)
+                        except OSError:
+                            return False
+                        names.append(entry.name)
+                        descended = True
+                        break
+                    try:
+                        os.unlink(entry.name)
+                    except OSError:
+                        return False
+            if descended:
+                continue
+            name = names.pop()
+            os.chdir("..")
+            try:
+                os.rmdir(name)
+            except OSError:
+                return False
+        return True
+    except OSError:
+        return False
+    finally:
+        os.fchdir(home)
+        os.close(home)
+
+
+def _wipe(folder: str, keep=(), budget: list[int] | None = None) -> bool:
+    """Empty ``folder`` (whatever a notebook left there), but not the paths in ``keep``
+    and their parents (the grader's socket folder); False when it could not.
+
+    A clean-up that fails is reported, never hidden: the grader then retires
+    the sandbox (its private folders go with it) instead of passing the files
+    on to the next notebook.
+    """
+    budget = budget if budget is not None else [2_000_000]
+    if not os.path.isdir(folder):
+        return True
+    clean = True
+    try:
+        os.chmod(folder, os.stat(folder).st_mode | 0o700)
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    for name in names:
         path = os.path.join(folder, name)
-        if any(k == path or k.startswith(path + os.sep) for k in keep):
-            if os.path.isdir(path) and not os.path.islink(path) and not any(k == path for k in keep):
-                _wipe(path, keep)
+        if any(k == path for k in keep):
+            continue
+        if any(k.startswith(path + os.sep) for k in keep):
+            if os.path.isdir(path) and not os.path.islink(path):
+                clean = _wipe(path, keep, budget) and clean
             continue
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, onerror=unlock)
+            clean = _remove_tree(path, budget) and clean
         else:
             try:
                 os.unlink(path)
             except OSError:
-                pass
+                clean = False
+    return clean
+
+
+def _plain_python_signals() -> None:
+    """The signal dispositions a freshly started Python has (what a kernel in plain Jupyter meets).
+
+    The forked child inherits the zygote's (SIGINT ignored, say); a fresh
+    interpreter has the defaults, except SIGPIPE and SIGXFSZ, which Python
+    ignores so that writes fail with BrokenPipeError / OSError instead of
+    killing the process, and SIGINT, which raises KeyboardInterrupt. Nothing
+    is blocked.
+    """
+    for number in range(1, signal.NSIG):
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
 class Zygote:
@@ -225,8 +321,7 @@ class Zygote:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.closerange(3, 1 << 16)  # the zygote's control pipe among them
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        _plain_python_signals()
         limits = request["limits"]
         vm_kb = 0
         with open("/proc/self/status") as status:
@@ -298,9 +393,11 @@ class Zygote:
             cpu = self._cpu(request["pid"]) if request.get("pid") else None
             killed = self._kill_others(set())
             self.children = {pid: s for pid, s in self.children.items() if s is None}
+            clean = not (self.config.get("pid_namespace", True) and self._others(set()))
+            budget = [2_000_000]
             for folder in self.config.get("wipe", []):
-                _wipe(folder, self.config.get("keep", []))
-            return {"killed": killed, "cpu": cpu}
+                clean = _wipe(folder, self.config.get("keep", []), budget) and clean
+            return {"killed": killed, "cpu": cpu, "clean": clean}
         if op == "ping":
             return {"pid": os.getpid()}
         raise ValueError(f"unknown request {op!r}")
@@ -312,10 +409,14 @@ class Zygote:
         os.dup2(null, 0)
         os.dup2(null, 1)
         for line in control_in:
+            request = None
             try:
-                reply = {"ok": True, **self.handle(json.loads(line))}
-            except Exception as error:
-                reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+                request = json.loads(line)
+                reply = {"ok": True, **self.handle(request)}
+            except BaseException as error:  # RecursionError, MemoryError too: answer, stay in step
+                reply = {"ok": False, "error": f"{type(error).__name__}: {str(error)[:500]}"}
+            if isinstance(request, dict):
+                reply["id"] = request.get("id")  # which request this answers: the grader checks it
             control_out.write(json.dumps(reply) + "\n")
             control_out.flush()
 

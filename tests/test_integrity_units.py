@@ -1,0 +1,146 @@
+"""The parts of issue 15's promise that are plain functions: clean-up of any tree, the wire's bounds,
+the judge's kinds, the detector of changed grading helpers, the static inspection of indirect routes.
+Each is also exercised through the real command by the hostile catalogue (tests/hostile/catalogue.yml)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from autograder import checks, verdict
+from autograder.judging.tamper import forges_helpers, suspicious_code
+from autograder.sandboxing.zygote import _wipe
+
+
+def test_clean_up_removes_any_tree(tmp_path):
+    scratch = tmp_path / "tmp"
+    keep = scratch / "ag-run" / "w0"
+    keep.mkdir(parents=True)
+    (keep / "verdicts.sock").write_text("kept")
+    (scratch / "ag-run" / "stray").write_text("x")
+    here = os.getcwd()
+    os.chdir(scratch)
+    try:
+        for _ in range(3000):  # deeper than the recursion limit, paths longer than PATH_MAX
+            os.mkdir("d")
+            os.chdir("d")
+        os.mkfifo("fifo")
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind("sock")
+        for i in range(2000):
+            open(f"f{i}", "w").close()
+        os.chmod(".", 0o500)
+        os.chdir(scratch)
+        os.chmod("d", 0)
+        os.symlink("/etc", "to-etc")
+    finally:
+        os.chdir(here)
+    assert _wipe(str(scratch), keep=[str(keep)])
+    assert sorted(p.name for p in scratch.rglob("*")) == ["ag-run", "verdicts.sock", "w0"]
+    assert os.path.exists("/etc/passwd")  # a symlink is removed, never followed
+
+
+def test_clean_up_that_cannot_finish_says_so(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    here = os.getcwd()
+    os.chdir(scratch)
+    try:
+        for _ in range(50):
+            os.mkdir("d")
+            os.chdir("d")
+    finally:
+        os.chdir(here)
+    assert not _wipe(str(scratch), budget=[20])  # out of budget: reported, so the sandbox is retired
+    assert _wipe(str(scratch))
+
+
+def test_the_judge_checks_the_kind_before_the_values():
+    real = torch.softmax(torch.randn(3, 4), dim=-1)
+    assert checks.close(torch.complex(real, torch.ones_like(real)), real, 1e-6, 1e-5).startswith("returned complex")
+    assert "integer" in checks.close(torch.ones(3, dtype=torch.int64), torch.ones(3), 1e-6, 1e-5)
+    assert checks.close(real.double(), real, 1e-6, 1e-5) is None  # a wider float is the same kind
+    assert checks.close(1 + 2j, 1.0, 1e-6, 1e-5) is not None
+
+
+def test_decoding_is_bounded():
+    with pytest.raises(verdict.ProtocolError):
+        verdict.encode([[0.5] * 1000] * 2000)
+    many = {"sequence": "list", "items": [{"value": 0}] * (verdict.MAX_ITEMS + 1)}
+    with pytest.raises(verdict.ProtocolError):
+        verdict.decode(many)
+    line = json.dumps({"op": "result", "outputs": [{"value": 0}] * 3_000_000}).encode() + b"\n"
+
+    class Stream:
+        def readline(self, limit):
+            return line[:limit]
+    with pytest.raises(verdict.ProtocolError):
+        verdict.read_line(Stream())
+
+
+def _kernel_like(code: str, first: str = "autograder.trusted") -> subprocess.CompletedProcess:
+    """``code`` after the grading helpers load (``first`` first; graded kernels start with the
+    snapshot), in a fresh interpreter; prints what the detector finds."""
+    program = f"import {first}\nimport autograder.checks, autograder.trusted\n" + textwrap.dedent(code) + (
+        "\nprint(autograder.checks._replaced())")
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("first", ["autograder.trusted", "autograder.checks"])
+def test_an_untouched_kernel_shows_no_change(first):
+    result = _kernel_like("", first)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
+
+
+def _forked(code: str) -> str:
+    """What the detector finds after ``code`` runs in a fork of this process (whose helpers
+    were sealed when it imported them): the change stays in the fork."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(textwrap.dedent(code), {})
+            os.write(writer, repr(checks._replaced()).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as handle:
+        found = handle.read()
+    os.waitpid(pid, 0)
+    return found
+
+
+@pytest.mark.parametrize("code, found", [
+    ("m = __import__('auto' + 'grader.checks', fromlist=['x'])\nsetattr(m, 'observe', print)", "observe"),
+    ("import autograder.verdict as v\nv.Link.result = lambda *a: None", "Link.result"),
+    ("import autograder.verdict as v\nv.encode.__code__ = v.encode.__code__.replace()", "encode"),
+    ("import sys, types\nsys.modules['autograder.verdict'] = types.ModuleType('autograder.verdict')",
+     "sys.modules['autograder.verdict']"),
+    ("import autograder.trusted as t\nt.replaced = lambda: []", "autograder.trusted.replaced"),
+    ("import json\njson.dumps = repr", "json.dumps"),
+])
+def test_changes_to_the_grading_helpers_are_detected(code, found):
+    assert checks._replaced() == []
+    assert found in _forked(code)
+
+
+@pytest.mark.parametrize("source", [
+    "f.__code__ = g.__code__",
+    "import sys\nm = sys.modules['auto' + 'grader.checks']",
+    "setattr(__import__('x'), 'check', None)",
+    "exec('import autograder')",
+])
+def test_indirect_routes_to_the_helpers_are_named(source):
+    found = suspicious_code([source])
+    assert found and any(forges_helpers(f) for f in found), found
+
+
+def test_reload_helpers_are_flagged_but_cost_nothing():
+    found = suspicious_code(["import importlib\nimportlib.reload(mymodule)", "from autograder import reference"])
+    assert found and not any(forges_helpers(f) for f in found), found
