@@ -73,6 +73,9 @@ def _unchanged(label: str, name: str, now, original) -> bool:
 _snapshot = {label: _callables(obj) for label, obj in {**_MODULES, **_CLASSES}.items()}
 _snapshot["builtins"] = {name: getattr(builtins, name) for name in _BUILTINS}
 _class_keys = {label: set(vars(cls)) for label, cls in _CLASSES.items()}
+# Attributes Python itself caches on a class: pickling an instance (torch.save, copy.deepcopy) stores
+# copyreg's list of slot names as __slotnames__. Their appearance is no tampering.
+_INTERPRETER_CACHES = {"__slotnames__"}
 
 
 # ---------------------------------------------------------------- the grading helpers
@@ -143,7 +146,8 @@ def replaced() -> list[str]:
             if not _unchanged(label, name, now.get(name), original):
                 changed.append(f"{label}.{name}")
     for label, cls in _CLASSES.items():
-        changed.extend(f"{label}.{name}" for name in sorted(set(vars(cls)) - _class_keys[label]))
+        added = set(vars(cls)) - _class_keys[label] - _INTERPRETER_CACHES
+        changed.extend(f"{label}.{name}" for name in sorted(added))
     return changed
 
 

@@ -98,6 +98,23 @@ def test_an_untouched_kernel_shows_no_change(first):
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
 
 
+def test_pickling_a_tensor_is_no_tampering():
+    """Pickling or deep-copying a tensor (torch.save, copy.deepcopy) makes Python cache
+    ``__slotnames__`` on the tensor classes: a learner's legitimate code, not a change to watch.
+    A method added to the class still is one."""
+    result = _kernel_like("""
+        import copy, pickle, torch
+        pickle.dumps(torch.nn.Parameter(torch.ones(2)))
+        copy.deepcopy(torch.nn.Parameter(torch.ones(2)))
+        assert "__slotnames__" in vars(torch.Tensor)
+        print(autograder.checks._replaced())
+        torch.Tensor.item = lambda self: 0.0
+    """)
+    untouched, patched = result.stdout.strip().splitlines()[-2:]
+    assert untouched == "[]", result.stderr
+    assert "torch.Tensor.item" in patched
+
+
 def _forked(code: str) -> str:
     """What the detector finds after ``code`` runs in a fork of this process (whose helpers
     were sealed when it imported them): the change stays in the fork."""
