@@ -575,7 +575,7 @@ def test_fuzz_notebooks_are_rejected_or_graded_for_the_instructors_points(templa
         resources = {"nbgrader": {"student": "fuzz", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT,
                                   "db_url": None}}
         try:
-            nb, _ = prepare(job, result, resources)
+            nb, _, _ = prepare(job, result, resources)
         except Rejected as rejection:
             assert "fuzz/01_attention.ipynb" in str(rejection) or "01_attention" in str(rejection)
             outcomes.setdefault(kind, [0, 0])[1] += 1

@@ -258,8 +258,9 @@ def finish(result: Result, nb, spec: AssignmentSpec, started: float) -> Result:
 
 def prepare(job: Job, result: Result, resources: dict):
     """The submission read, its grading metadata restored, inspected and sanitized, ready to run:
-    (notebook, resources); ``Rejected`` with the reason when nothing of it can be graded. Flags and
-    messages go to ``result``. Runs no student code."""
+    (notebook, resources, forged), ``forged`` naming the code that reaches for the grading helpers
+    (no check gets credit then); ``Rejected`` with the reason when nothing of it can be graded.
+    Flags and messages go to ``result``. Runs no student code."""
     spec = job.spec
     nb, notes = read_submission(job.data, job.source_name, spec)
     result.messages += notes
@@ -273,9 +274,10 @@ def prepare(job: Job, result: Result, resources: dict):
     result.flags += [flag for flag in restored.flags + found.flags if flag not in result.flags]
     result.messages += restored.details + found.details
     try:
-        return sanitize(nb, spec.view, resources)
+        nb, resources = sanitize(nb, spec.view, resources)
     except Exception as error:
         raise Rejected(f"{job.source_name}'s grading metadata is damaged beyond repair ({error})") from None
+    return nb, resources, found.forged
 
 
 def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
@@ -293,7 +295,7 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
     resources = {"nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook,
                               "db_url": None}}
     try:
-        nb, resources = prepare(job, result, resources)
+        nb, resources, forged = prepare(job, result, resources)
     except Rejected as rejection:
         nb = rejected_notebook(spec, str(rejection))
         result.graded = False
@@ -312,7 +314,7 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
             sandbox, job.limits, str(sandbox.work_dir(job.assignment)), kernel_environment(socket_path),
             list(spec.kernel_arguments), spec.files, server=server)
         execution = executor.run(nb)
-        records, flags = apply_verdicts(nb, server, spec.expected, execution, found.forged)
+        records, flags = apply_verdicts(nb, server, spec.expected, execution, forged)
     finally:
         server.close()
         if not sandbox.sandboxed:
