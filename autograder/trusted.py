@@ -6,6 +6,7 @@ friends. ``replaced()`` then lists what student code has swapped out since: a
 check that finds anything refuses to give points, because any comparison it
 made afterwards could be fooled.
 """
+
 import base64
 import builtins
 import json
@@ -101,7 +102,7 @@ def _module_state(module) -> dict:
         if isinstance(value, types.FunctionType):
             state[f"{name}()"] = _function_state(value)
         elif isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
-            state[f"{name}.*"] = frozenset(vars(value))
+            state[f"{name}.*"] = frozenset(vars(value)) - _INTERPRETER_CACHES
             for attribute, member in vars(value).items():
                 if isinstance(member, (staticmethod, classmethod)):
                     member = member.__func__
@@ -125,10 +126,19 @@ def _helper_changes() -> list[str]:
         now = _module_state(module)
         for key in sorted(set(state) | set(now)):
             before, after = state.get(key, _MISSING_STATE), now.get(key, _MISSING_STATE)
-            same = before is after if not isinstance(before, (tuple, frozenset)) else (
-                before == after if isinstance(before, frozenset) else (
-                    isinstance(after, tuple) and len(after) == len(before)
-                    and all(a is b for a, b in zip(before, after))))
+            same = (
+                before is after
+                if not isinstance(before, (tuple, frozenset))
+                else (
+                    before == after
+                    if isinstance(before, frozenset)
+                    else (
+                        isinstance(after, tuple)
+                        and len(after) == len(before)
+                        and all(a is b for a, b in zip(before, after))
+                    )
+                )
+            )
             if not same:
                 changed.append(f"{label}.{key.rstrip('()*').rstrip('.')}")
     return list(dict.fromkeys(changed))

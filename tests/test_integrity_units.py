@@ -1,6 +1,7 @@
 """The parts of issue 15's promise that are plain functions: clean-up of any tree, the wire's bounds,
 the judge's kinds, the detector of changed grading helpers, the static inspection of indirect routes.
 Each is also exercised through the real command by the hostile catalogue (tests/hostile/catalogue.yml)."""
+
 from __future__ import annotations
 
 import json
@@ -80,6 +81,7 @@ def test_decoding_is_bounded():
     class Stream:
         def readline(self, limit):
             return line[:limit]
+
     with pytest.raises(verdict.ProtocolError):
         verdict.read_line(Stream())
 
@@ -87,8 +89,11 @@ def test_decoding_is_bounded():
 def _kernel_like(code: str, first: str = "autograder.trusted") -> subprocess.CompletedProcess:
     """``code`` after the grading helpers load (``first`` first; graded kernels start with the
     snapshot), in a fresh interpreter; prints what the detector finds."""
-    program = f"import {first}\nimport autograder.checks, autograder.trusted\n" + textwrap.dedent(code) + (
-        "\nprint(autograder.checks._replaced())")
+    program = (
+        f"import {first}\nimport autograder.checks, autograder.trusted\n"
+        + textwrap.dedent(code)
+        + ("\nprint(autograder.checks._replaced())")
+    )
     return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
 
 
@@ -107,6 +112,8 @@ def test_pickling_a_tensor_is_no_tampering():
         pickle.dumps(torch.nn.Parameter(torch.ones(2)))
         copy.deepcopy(torch.nn.Parameter(torch.ones(2)))
         assert "__slotnames__" in vars(torch.Tensor)
+        pickle.dumps(autograder.checks.Case("a case", (torch.ones(1),)))  # a helper class's instance, too
+        assert "__slotnames__" in vars(autograder.checks.Case)
         print(autograder.checks._replaced())
         torch.Tensor.item = lambda self: 0.0
     """)
@@ -133,26 +140,34 @@ def _forked(code: str) -> str:
     return found
 
 
-@pytest.mark.parametrize("code, found", [
-    ("m = __import__('auto' + 'grader.checks', fromlist=['x'])\nsetattr(m, 'observe', print)", "observe"),
-    ("import autograder.verdict as v\nv.Link.result = lambda *a: None", "Link.result"),
-    ("import autograder.verdict as v\nv.encode.__code__ = v.encode.__code__.replace()", "encode"),
-    ("import sys, types\nsys.modules['autograder.verdict'] = types.ModuleType('autograder.verdict')",
-     "sys.modules['autograder.verdict']"),
-    ("import autograder.trusted as t\nt.replaced = lambda: []", "autograder.trusted.replaced"),
-    ("import json\njson.dumps = repr", "json.dumps"),
-])
+@pytest.mark.parametrize(
+    "code, found",
+    [
+        ("m = __import__('auto' + 'grader.checks', fromlist=['x'])\nsetattr(m, 'observe', print)", "observe"),
+        ("import autograder.verdict as v\nv.Link.result = lambda *a: None", "Link.result"),
+        ("import autograder.verdict as v\nv.encode.__code__ = v.encode.__code__.replace()", "encode"),
+        (
+            "import sys, types\nsys.modules['autograder.verdict'] = types.ModuleType('autograder.verdict')",
+            "sys.modules['autograder.verdict']",
+        ),
+        ("import autograder.trusted as t\nt.replaced = lambda: []", "autograder.trusted.replaced"),
+        ("import json\njson.dumps = repr", "json.dumps"),
+    ],
+)
 def test_changes_to_the_grading_helpers_are_detected(code, found):
     assert checks._replaced() == []
     assert found in _forked(code)
 
 
-@pytest.mark.parametrize("source", [
-    "f.__code__ = g.__code__",
-    "import sys\nm = sys.modules['auto' + 'grader.checks']",
-    "setattr(__import__('x'), 'check', None)",
-    "exec('import autograder')",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "f.__code__ = g.__code__",
+        "import sys\nm = sys.modules['auto' + 'grader.checks']",
+        "setattr(__import__('x'), 'check', None)",
+        "exec('import autograder')",
+    ],
+)
 def test_indirect_routes_to_the_helpers_are_named(source):
     found = suspicious_code([source])
     assert found and any(forges_helpers(f) for f in found), found
