@@ -6,6 +6,7 @@ coursework/feedback/. The gradebook is coursework/gradebook.db. coursework/ hold
 the class's data only (ignored by git), never code: the grader's code lives in
 autograder/, beside it.
 """
+
 import os
 
 c = get_config()  # noqa: F821 (provided by nbgrader)

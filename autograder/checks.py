@@ -28,13 +28,16 @@ compares them outside, where student code cannot reach the comparison. Only
 the reference versions of the exercise's dependencies come in (for the
 substitution above), and only once their own checks have run.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-from . import reference, trusted, verdict as _verdict
+from . import reference, trusted
+from . import verdict as _verdict
 
 _MISSING = object()
 
@@ -147,6 +150,7 @@ class Exercise:
 
 # ---------------------------------------------------------------- comparison
 
+
 def _as_tensor(value):
     import torch
 
@@ -161,7 +165,9 @@ def close(actual, expected, atol: float, rtol: float) -> str | None:
 
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
-            return f"returned {type(actual).__name__} where a {len(expected)}-item {type(expected).__name__} was expected"
+            return (
+                f"returned {type(actual).__name__} where a {len(expected)}-item {type(expected).__name__} was expected"
+            )
         for index, (a, e) in enumerate(zip(actual, expected)):
             problem = close(a, e, atol, rtol)
             if problem:
@@ -212,14 +218,19 @@ def _kind_problem(actual, expected, strict: bool = True) -> str | None:
     """What is wrong with the kind of ``actual`` (complex, floating, integer, boolean), if anything.
 
     Against a plain Python number (``strict`` False) only complex values are refused."""
+
     def kind(tensor) -> str:
         if tensor.is_complex():
             return "complex"
         if tensor.is_floating_point():
             return "real (floating-point)"
         return "boolean" if str(tensor.dtype) == "torch.bool" else "integer"
+
     if kind(actual) != kind(expected) and (strict or "complex" in (kind(actual), kind(expected))):
-        return f"returned {kind(actual)} values of dtype {actual.dtype}, expected {kind(expected)} values ({expected.dtype})"
+        return (
+            f"returned {kind(actual)} values of dtype {actual.dtype}, "
+            f"expected {kind(expected)} values ({expected.dtype})"
+        )
     return None
 
 
@@ -240,6 +251,7 @@ def _inputs_changed(case: Case, before) -> bool:
 
 # ---------------------------------------------------------------- the check
 
+
 def substitute(namespace: dict, replacements: dict) -> Callable[[], None]:
     """Put ``replacements`` into ``namespace``; return the function that undoes it."""
     saved = {name: namespace.get(name, _MISSING) for name in replacements}
@@ -251,6 +263,7 @@ def substitute(namespace: dict, replacements: dict) -> Callable[[], None]:
                 namespace.pop(name, None)
             else:
                 namespace[name] = value
+
     return restore
 
 
@@ -265,6 +278,7 @@ def _restore_after_this_cell(restore: Callable[[], None]) -> None:
     def once(_result=None) -> None:
         shell.events.unregister("post_run_cell", once)
         restore()
+
     shell.events.register("post_run_cell", once)
 
 
@@ -296,6 +310,7 @@ def _matches_mistake(mistake: Mistake, ref, failing, exercise: Exercise, predict
 
         def predict(_mistake, _index, case):
             return _run(mutant, case)
+
     for index, case, actual in failing:
         try:
             predicted, error = predict(mistake, index, case)
@@ -320,8 +335,10 @@ def observe(exercise: Exercise, learner, cases) -> tuple[list, str | None]:
         if error is not None:
             return outputs, _describe_error(exercise.name, error, case)
         if _inputs_changed(case, before):
-            return outputs, (f"`{exercise.name}` changed its input in place (on {case.label}); "
-                             "compute new tensors instead of modifying the arguments.")
+            return outputs, (
+                f"`{exercise.name}` changed its input in place (on {case.label}); "
+                "compute new tensors instead of modifying the arguments."
+            )
         outputs.append(actual)
     return outputs, None
 
@@ -340,8 +357,9 @@ def judge(exercise: Exercise, cases, outputs, expected, ref, predict=None) -> st
     for mistake in exercise.mistakes:
         if _matches_mistake(mistake, ref, failing, exercise, predict):
             return f"`{exercise.name}`: {mistake.name}. {mistake.hint} [mistake:{mistake.id}]"
-    return (f"`{exercise.name}` does not match the reference {first_problem} "
-            f"({len(failing)} of the checked inputs differ).")
+    return (
+        f"`{exercise.name}` does not match the reference {first_problem} ({len(failing)} of the checked inputs differ)."
+    )
 
 
 def reference_outputs(exercise: Exercise, ref_function, cases) -> list:
@@ -365,9 +383,11 @@ def diagnose(exercise: Exercise, learner, ref_function, ref, cases) -> str | Non
 
 def tampering_message(tampered: Sequence[str]) -> str:
     shown = ", ".join(tampered[:5]) + (" ..." if len(tampered) > 5 else "")
-    return (f"This notebook replaced functions the checks rely on ({shown}), so no check "
-            "in it can be trusted and it gets no points for them; it is flagged for review. "
-            "[mistake:tampering]")
+    return (
+        f"This notebook replaced functions the checks rely on ({shown}), so no check "
+        "in it can be trusted and it gets no points for them; it is flagged for review. "
+        "[mistake:tampering]"
+    )
 
 
 def finish(name: str, problem: str | None) -> str | None:

@@ -20,6 +20,7 @@ each with its notebook's snapshot, ``job.AssignmentSpec``), grade them
 each result as it arrives through the single ``writer.Writer``, then export the
 grades CSV and the class report (``report``) and print a summary.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,29 +57,46 @@ def default_workers() -> int:
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="./course grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
-    parser.add_argument("--from", dest="source", type=Path,
-                        help="a folder or a .zip of submissions (default: the course's coursework/submitted)")
-    parser.add_argument("--workers", type=int, default=default_workers(),
-                        help="parallel workers on this machine (default: cores)")
-    parser.add_argument("--scheduler", metavar="ADDRESS",
-                        help="grade on the Dask cluster of this scheduler, e.g. tcp://10.0.0.5:8786 (default: "
-                             "$DASK_SCHEDULER_ADDRESS if set, else this machine's own workers)")
-    parser.add_argument("--local", action="store_true",
-                        help="grade on this machine even when DASK_SCHEDULER_ADDRESS is set")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        help="a folder or a .zip of submissions (default: the course's coursework/submitted)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=default_workers(), help="parallel workers on this machine (default: cores)"
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="grade on the Dask cluster of this scheduler, e.g. tcp://10.0.0.5:8786 (default: "
+        "$DASK_SCHEDULER_ADDRESS if set, else this machine's own workers)",
+    )
+    parser.add_argument(
+        "--local", action="store_true", help="grade on this machine even when DASK_SCHEDULER_ADDRESS is set"
+    )
     parser.add_argument("--force", action="store_true", help="regrade everything, not only new or changed submissions")
     parser.add_argument("--replace", action="store_true", help="let a zip replace different files in submitted/")
     parser.add_argument("--db", help="gradebook URL, e.g. postgresql://user@host/course (default: nbgrader's sqlite)")
-    parser.add_argument("--unsandboxed", action="store_true",
-                        help="grade without the sandbox when it cannot start here (student code then runs "
-                             "with your rights: only for submissions you trust)")
+    parser.add_argument(
+        "--unsandboxed",
+        action="store_true",
+        help="grade without the sandbox when it cannot start here (student code then runs "
+        "with your rights: only for submissions you trust)",
+    )
     parser.add_argument("--cell-timeout", type=float, help="seconds per cell (default: nbgrader's Execute.timeout, 30)")
     parser.add_argument("--notebook-timeout", type=float, default=Limits.notebook_seconds, help="seconds per notebook")
     parser.add_argument("--memory-mb", type=int, default=Limits.memory_mb, help="memory per notebook kernel")
     parser.add_argument("--report", type=Path, help="class report (default: coursework/reports/class-report.html)")
     parser.add_argument("--csv", type=Path, help="grades CSV (default: coursework/reports/grades.csv)")
-    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                        help="when another run is grading this course, wait up to this long for it "
-                             "(default: refuse at once, naming it)")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when another run is grading this course, wait up to this long for it "
+        "(default: refuse at once, naming it)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -88,6 +106,7 @@ class Refused(Exception):
 
 
 # ---------------------------------------------------------------- the steps
+
 
 def read_course(args) -> CourseFolder:
     """The course of the current folder (its nbgrader_config.py), else this repository's."""
@@ -120,13 +139,20 @@ def check_outputs(args, course: CourseFolder) -> None:
         problems.append(("gradebook (--db)", runs.check_file(database)))
     else:
         problems.append(("gradebook (--db)", _database_problem(course.db_url)))
-    for folder in (course.work, course.submitted, Path(coursedir.root) / coursedir.autograded_directory,
-                   Path(coursedir.root) / coursedir.feedback_directory):
+    for folder in (
+        course.work,
+        course.submitted,
+        Path(coursedir.root) / coursedir.autograded_directory,
+        Path(coursedir.root) / coursedir.feedback_directory,
+    ):
         problems.append(("course folder", runs.check_folder(folder)))
     found = [f"{what}: {problem}" for what, problem in problems if problem]
     if found:
-        raise Refused("cannot write where this run must write:\n       " + "\n       ".join(found)
-                      + "\n       Nothing was graded or written.")
+        raise Refused(
+            "cannot write where this run must write:\n       "
+            + "\n       ".join(found)
+            + "\n       Nothing was graded or written."
+        )
 
 
 def _database_problem(db_url: str) -> str | None:
@@ -169,12 +195,16 @@ def require_sandbox(course: CourseFolder, sandboxed: bool, address: str | None, 
     if sandboxed and not address:
         reason = probe(course.root)
         if reason:
-            raise Refused(f"refusing to run student code without the sandbox: {reason}.\n"
-                          "       Fix that, or pass --unsandboxed to grade anyway (student code then runs with "
-                          "your rights and can read everything you can).")
+            raise Refused(
+                f"refusing to run student code without the sandbox: {reason}.\n"
+                "       Fix that, or pass --unsandboxed to grade anyway (student code then runs with "
+                "your rights and can read everything you can)."
+            )
     if not sandboxed:
-        say("grade: WARNING: grading unsandboxed; student code runs with "
-            + ("the workers' rights" if address else "your rights"))
+        say(
+            "grade: WARNING: grading unsandboxed; student code runs with "
+            + ("the workers' rights" if address else "your rights")
+        )
 
 
 def grading_limits(args, course: CourseFolder) -> Limits:
@@ -214,11 +244,13 @@ def plan_jobs(args, course: CourseFolder, collection: Collection, done: dict, li
             digests[id(submission)] = submission.digest()
             readable.append(submission)
         except OSError as error:
-            collection.messages.append(f"{submission.source_name}: skipped, cannot be read "
-                                       f"({error.strerror or error})")
+            collection.messages.append(f"{submission.source_name}: skipped, cannot be read ({error.strerror or error})")
     collection.submissions = readable
-    changed = [s for s in collection.submissions
-               if args.force or done.get((s.student, s.assignment, s.notebook), ("",))[0] != digests[id(s)]]
+    changed = [
+        s
+        for s in collection.submissions
+        if args.force or done.get((s.student, s.assignment, s.notebook), ("",))[0] != digests[id(s)]
+    ]
     if changed:  # the workers warm up while the gradebook is read
         runner.start(len(changed))
         _warm_matplotlib()
@@ -238,12 +270,23 @@ def plan_jobs(args, course: CourseFolder, collection: Collection, done: dict, li
         try:
             data = submission.read()
         except OSError as error:
-            collection.messages.append(f"{submission.source_name}: skipped, cannot be read "
-                                       f"({error.strerror or error})")
+            collection.messages.append(f"{submission.source_name}: skipped, cannot be read ({error.strerror or error})")
             continue
-        jobs.append(Job(submission.student, submission.assignment, submission.notebook, data,
-                        submission.source_name, digest, spec, limits, submission.timestamp,
-                        list(submission.notes), list(submission.flags)))
+        jobs.append(
+            Job(
+                submission.student,
+                submission.assignment,
+                submission.notebook,
+                data,
+                submission.source_name,
+                digest,
+                spec,
+                limits,
+                submission.timestamp,
+                list(submission.notes),
+                list(submission.flags),
+            )
+        )
     return Plan(jobs, skipped, notes + collection.messages)
 
 
@@ -252,7 +295,7 @@ class Graded:
     results: list[Result] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     commit_seconds: float = 0.0
-    first_result: float | None = None   # seconds from the start of the command
+    first_result: float | None = None  # seconds from the start of the command
     interrupted: bool = False
 
 
@@ -295,11 +338,18 @@ def record_run(course: CourseFolder, graded: Graded, seconds: float) -> None:
     from .judging.writer import write_atomically
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    write_atomically(course.work / "last-run.json", json.dumps({
-        "notebooks": len(graded.results), "seconds": round(seconds, 3),
-        "commit_seconds": round(graded.commit_seconds, 4),
-        "main_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
-        "first_result_seconds": None if graded.first_result is None else round(graded.first_result, 3)}))
+    write_atomically(
+        course.work / "last-run.json",
+        json.dumps(
+            {
+                "notebooks": len(graded.results),
+                "seconds": round(seconds, 3),
+                "commit_seconds": round(graded.commit_seconds, 4),
+                "main_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
+                "first_result_seconds": None if graded.first_result is None else round(graded.first_result, 3),
+            }
+        ),
+    )
 
 
 def main(argv=None) -> int:
@@ -341,8 +391,15 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
 
     trace("configuration read, sandbox probed")
     try:
-        collection = collect(args.source or course.submitted, course.notebooks(), set(args.assignments) or None,
-                             course.config, course.submitted, scratch, replace=args.replace)
+        collection = collect(
+            args.source or course.submitted,
+            course.notebooks(),
+            set(args.assignments) or None,
+            course.config,
+            course.submitted,
+            scratch,
+            replace=args.replace,
+        )
     except (ValueError, OSError) as error:
         runner.close()
         runner.join()
@@ -356,12 +413,17 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
         trace("gradebook read, assignments snapshot")
         for note in plan.notes:
             say(f"grade: {note}")
-        say(f"grade: {len(plan.jobs)} notebook(s) to grade, {plan.skipped} unchanged since the last run; "
-            f"{runner.describe(len(plan.jobs))}, {'sandboxed' if sandboxed else 'UNSANDBOXED'}")
+        say(
+            f"grade: {len(plan.jobs)} notebook(s) to grade, {plan.skipped} unchanged since the last run; "
+            f"{runner.describe(len(plan.jobs))}, {'sandboxed' if sandboxed else 'UNSANDBOXED'}"
+        )
         graded = grade_and_commit(args, course, ledger, runner, plan.jobs)
         if graded.interrupted:
-            print(f"grade: interrupted after {len(graded.results)} notebook(s); run the same command again to "
-                  "grade the rest", file=sys.stderr)
+            print(
+                f"grade: interrupted after {len(graded.results)} notebook(s); run the same command again to "
+                "grade the rest",
+                file=sys.stderr,
+            )
             runner.close()
             return 130
         runner.close()  # the workers wind down while the CSV and the report are written
@@ -371,9 +433,19 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
         trace("CSV and report written")
         seconds = time.monotonic() - started
         record_run(course, graded, seconds)
-        print(summary(course, rows, ledger_summaries=ledger.summaries(), graded_now=graded.results,
-                      skipped=plan.skipped, problems=graded.problems + collection.messages, seconds=seconds,
-                      csv_path=csv_path, report_path=report_path))
+        print(
+            summary(
+                course,
+                rows,
+                ledger_summaries=ledger.summaries(),
+                graded_now=graded.results,
+                skipped=plan.skipped,
+                problems=graded.problems + collection.messages,
+                seconds=seconds,
+                csv_path=csv_path,
+                report_path=report_path,
+            )
+        )
         return 1 if graded.problems or collection.messages else 0
     finally:
         ledger.close()
@@ -403,6 +475,7 @@ def _warm_matplotlib() -> None:
             import matplotlib.pyplot  # noqa: F401
         except Exception:
             pass
+
     threading.Thread(target=load, daemon=True).start()
 
 

@@ -12,6 +12,7 @@ reference cells here (``source_cells``) in the trusted process and hands them to
 its workers as data (``provide``); inside the sandbox, ``build`` makes a module
 of only the cells a check may reveal (its exercise's dependencies).
 """
+
 import functools
 import json
 import os

@@ -9,6 +9,7 @@ Generation runs nbgrader's own ``generate_assignment`` with the repository's
 so it never touches the instructor's gradebook. ``notebooks/<assignment>`` is
 replaced only after generation succeeded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,9 @@ def generate(assignment_ids: list[str], release_dir: Path) -> None:
         for assignment in assignment_ids:
             result = api.generate_assignment(assignment, force=True, create=True)
             if not result["success"]:
-                raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{result['log']}\n{result['error']}")
+                raise RuntimeError(
+                    f"nbgrader generate_assignment {assignment} failed:\n{result['log']}\n{result['error']}"
+                )
 
 
 def differences(generated: Path, committed: Path) -> list[str]:

@@ -25,6 +25,7 @@ While nbgrader grades or validates (``NBGRADER_EXECUTION`` is set) every
 function here returns at once and prints nothing: the hidden tests grade, and
 no line of this module can change a grade.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,6 +60,7 @@ def self_study(assignment: str) -> bool:
 
 # ---------------------------------------------------------------- the progress file
 
+
 def progress_path() -> Path:
     """``.progress.json`` in the folder that holds the notebook folders (the kernel runs in one of them)."""
     here = Path.cwd()
@@ -71,8 +73,11 @@ def read_progress() -> dict:
         data = json.loads(progress_path().read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {a: {n: r.get("status", NOT_TRIED) for n, r in exercises.items() if isinstance(r, dict)}
-            for a, exercises in data.get("assignments", {}).items() if isinstance(exercises, dict)}
+    return {
+        a: {n: r.get("status", NOT_TRIED) for n, r in exercises.items() if isinstance(r, dict)}
+        for a, exercises in data.get("assignments", {}).items()
+        if isinstance(exercises, dict)
+    }
 
 
 def record(assignment: str, name: str, status: str) -> None:
@@ -107,6 +112,7 @@ def course() -> list[str]:
 
 
 # ---------------------------------------------------------------- the check cell
+
 
 def self_assess(assignment: str, name: str, namespace: dict) -> None:
     """In a check cell, before its visible asserts: diagnose with the hidden check (self-study) and record."""
@@ -162,33 +168,43 @@ def _record_after_cell(assignment: str, name: str, hidden_passed: bool) -> None:
         shell.events.unregister("post_run_cell", once)
         visible_passed = getattr(result, "success", True)
         record(assignment, name, PASSES if hidden_passed and visible_passed else FAILS)
+
     shell.events.register("post_run_cell", once)
 
 
 # ---------------------------------------------------------------- the reference, after trying
+
 
 def show_solution(assignment: str, name: str) -> None:
     """Show the reference cell of exercise ``name`` once its check cell has run (self-study only)."""
     if grading():
         return
     if not self_study(assignment):
-        print("Class mode: the reference solutions stay with your instructor; "
-              "ask them, or read your feedback once your work is graded.")
+        print(
+            "Class mode: the reference solutions stay with your instructor; "
+            "ask them, or read your feedback once your work is graded."
+        )
         return
     status = read_progress().get(assignment, {}).get(name, NOT_TRIED)
     if status == NOT_TRIED:
-        print(f"Try `{name}` first: run its check cell once (whatever the result), "
-              "then run this cell again to see the reference solution.")
+        print(
+            f"Try `{name}` first: run its check cell once (whatever the result), "
+            "then run this cell again to see the reference solution."
+        )
         return
     wanted = exercise(assignment, name).target or name
     sources = [source for grade_id, source in reference.source_cells(assignment) if grade_id == wanted]
-    code = "\n".join(line for line in "\n".join(sources).splitlines()
-                     if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+    code = "\n".join(
+        line
+        for line in "\n".join(sources).splitlines()
+        if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")
+    )
     from IPython.display import Markdown, display
 
     verdict = "your check passes: compare" if status == PASSES else "your check still fails: compare it with yours"
-    display(Markdown(f"**Reference solution for `{name}`** ({verdict}; one way among others):\n\n"
-                     f"```python\n{code}\n```"))
+    display(
+        Markdown(f"**Reference solution for `{name}`** ({verdict}; one way among others):\n\n```python\n{code}\n```")
+    )
 
 
 # ---------------------------------------------------------------- progress views
@@ -204,8 +220,11 @@ def _counts(assignment: str, recorded: dict) -> tuple[dict, int]:
 def _view(assignment: str | None) -> tuple[str, str]:
     """(HTML, plain text) of the progress view of ``assignment``, or of the course for None."""
     recorded = read_progress()
-    mark = {PASSES: '<span style="color:#1a7f37">✓</span>', FAILS: '<span style="color:#cf222e">✗</span>',
-            NOT_TRIED: '<span style="color:#888">○</span>'}
+    mark = {
+        PASSES: '<span style="color:#1a7f37">✓</span>',
+        FAILS: '<span style="color:#cf222e">✗</span>',
+        NOT_TRIED: '<span style="color:#888">○</span>',
+    }
     rows, lines = [], []
     if assignment is None:
         title = "Your progress in the course"
@@ -228,8 +247,10 @@ def _view(assignment: str | None) -> tuple[str, str]:
     note = "from your own check runs, saved in notebooks/.progress.json"
     if assignment is not None and not self_study(assignment):
         note += "; in class mode these are the visible checks only"
-    body = (f'<div class="course-progress"><b>{html.escape(title)}</b> <small>({html.escape(note)})</small>'
-            f'<ul>{"".join(rows)}</ul></div>')
+    body = (
+        f'<div class="course-progress"><b>{html.escape(title)}</b> <small>({html.escape(note)})</small>'
+        f"<ul>{''.join(rows)}</ul></div>"
+    )
     plain = "\n".join([f"{title} ({note})", *("  " + line for line in lines)])
     return body, plain
 

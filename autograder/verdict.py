@@ -13,6 +13,7 @@ numbers, strings, tensors as dtype, shape and raw bytes, sequences): the grader
 never unpickles anything that comes from student code. The cases go the other
 way pickled, from the trusted side to the sandbox.
 """
+
 from __future__ import annotations
 
 import base64
@@ -31,8 +32,18 @@ _MAX_DEPTH = 16
 # of small objects would cost the judge seconds and gigabytes to parse and decode.
 MAX_ITEMS = 10_000
 TENSOR_DTYPES = (
-    "float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool",
-    "complex64", "complex128",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "bool",
+    "complex64",
+    "complex128",
 )
 
 
@@ -57,6 +68,7 @@ class ProtocolError(ValueError):
 
 # ---------------------------------------------------------------- data
 
+
 def encode(value, depth: int = 0, budget: list | None = None):
     """``value`` as JSON-able data: learner outputs on their way out of the sandbox."""
     import numpy
@@ -71,7 +83,7 @@ def encode(value, depth: int = 0, budget: list | None = None):
     if value is None or isinstance(value, (bool, str)):
         return {"value": value}
     if isinstance(value, int):
-        return {"value": value} if abs(value) < 2 ** 63 else {"object": "int"}
+        return {"value": value} if abs(value) < 2**63 else {"object": "int"}
     if isinstance(value, float):
         return {"value": value} if math.isfinite(value) else {"float": repr(value)}
     if isinstance(value, torch.Tensor):
@@ -84,15 +96,20 @@ def encode(value, depth: int = 0, budget: list | None = None):
     if isinstance(value, numpy.ndarray):
         if value.dtype.kind not in "biufc":
             return {"object": "ndarray"}
-        return {"tensor": str(torch.as_tensor(value).dtype).removeprefix("torch."), "numpy": True,
-                **{k: v for k, v in encode(torch.as_tensor(value)).items() if k in ("shape", "data")}}
+        return {
+            "tensor": str(torch.as_tensor(value).dtype).removeprefix("torch."),
+            "numpy": True,
+            **{k: v for k, v in encode(torch.as_tensor(value)).items() if k in ("shape", "data")},
+        }
     if isinstance(value, numpy.generic):
         return encode(value.item(), depth + 1, budget)
     if isinstance(value, (tuple, list)):
         if len(value) > MAX_ITEMS:
             raise ProtocolError(f"output made of more than {MAX_ITEMS} objects")
-        return {"sequence": "tuple" if isinstance(value, tuple) else "list",
-                "items": [encode(item, depth + 1, budget) for item in value]}
+        return {
+            "sequence": "tuple" if isinstance(value, tuple) else "list",
+            "items": [encode(item, depth + 1, budget) for item in value],
+        }
     return {"object": type(value).__name__[:80]}
 
 
@@ -127,8 +144,12 @@ def decode(data, depth: int = 0, budget: list | None = None):
         return float(data["float"])
     if "tensor" in data:
         dtype_name, shape = data["tensor"], data.get("shape")
-        if dtype_name not in TENSOR_DTYPES or not isinstance(shape, list) or not all(
-                isinstance(n, int) and 0 <= n for n in shape) or len(shape) > 16:
+        if (
+            dtype_name not in TENSOR_DTYPES
+            or not isinstance(shape, list)
+            or not all(isinstance(n, int) and 0 <= n for n in shape)
+            or len(shape) > 16
+        ):
             raise ProtocolError("malformed tensor")
         dtype = getattr(torch, dtype_name)
         raw = base64.b64decode(data.get("data", ""), validate=True)
@@ -159,6 +180,7 @@ def unpack(text: str):
 
 # ---------------------------------------------------------------- lines
 
+
 def read_line(stream, limit: int = MAX_MESSAGE) -> dict:
     line = stream.readline(limit + 1)
     if not line:
@@ -181,6 +203,7 @@ def write_line(stream, message: dict) -> None:
 
 
 # ---------------------------------------------------------------- the kernel's side
+
 
 class Link:
     """The kernel's end: one short connection per request."""
@@ -212,13 +235,22 @@ class Link:
             encoded = [encode(output) for output in outputs]
         except ProtocolError as error:
             problem, encoded = problem or f"`{name}` returned something that cannot be checked ({error}).", []
-        reply = self.ask({"op": "result", "assignment": assignment, "name": name, "problem": problem,
-                          "outputs": encoded, "tampered": list(tampered)})
+        reply = self.ask(
+            {
+                "op": "result",
+                "assignment": assignment,
+                "name": name,
+                "problem": problem,
+                "outputs": encoded,
+                "tampered": list(tampered),
+            }
+        )
         return reply.get("message")
 
     def report_missing(self, assignment: str, name: str, message: str, tampered) -> None:
-        self.ask({"op": "missing", "assignment": assignment, "name": name, "problem": message,
-                  "tampered": list(tampered)})
+        self.ask(
+            {"op": "missing", "assignment": assignment, "name": name, "problem": message, "tampered": list(tampered)}
+        )
 
 
 def link() -> Link | None:

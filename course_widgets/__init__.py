@@ -3,6 +3,7 @@
 One module per topic (``attention``, ...), sharing ``base.Explorer``. Every
 widget takes the learner's own functions as arguments and shows them at work.
 """
+
 from .base import Explorer, LearnerFunctionProblem, call_learner, explain_unfinished, grading_now
 
 __all__ = ["Explorer", "LearnerFunctionProblem", "call_learner", "explain_unfinished", "grading_now"]

@@ -1,4 +1,5 @@
 """Widgets for notebook 01: attention as a soft lookup, and why divide by sqrt(d)."""
+
 from __future__ import annotations
 
 import math
@@ -15,9 +16,7 @@ def _expect_shape(name: str, value, shape: tuple) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
     if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(
-            f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}."
-        )
+        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
     return value.detach().to(torch.float64)
 
 
@@ -43,9 +42,9 @@ class AttentionHeatmap(Explorer):
         self.tokens = list(tokens) if tokens is not None else [f"token {t}" for t in range(T)]
         self.key_tokens = list(key_tokens) if key_tokens is not None else self.tokens[:S]
         self.query = widgets.IntSlider(0, min=0, max=T - 1, description="query").add_class("query-slider")
-        self.sharpen = widgets.FloatSlider(
-            1.0, min=0.25, max=4.0, step=0.25, description="sharpen ×"
-        ).add_class("sharpen-slider")
+        self.sharpen = widgets.FloatSlider(1.0, min=0.25, max=4.0, step=0.25, description="sharpen ×").add_class(
+            "sharpen-slider"
+        )
         super().__init__([self.query, self.sharpen], figsize=(8.5, 3.4))
         if self.skipped:
             return
@@ -82,9 +81,7 @@ class AttentionHeatmap(Explorer):
             bar.set_height(float(w))
         self.bar_axes.set_title(f"weights of query “{self.tokens[t]}”")
         mix = " + ".join(f"{float(w):.2f}·v{s}" for s, w in enumerate(weights[t]))
-        self.output_line.value = (
-            f"output of “{self.tokens[t]}” = {mix} = <b>{_vector(output[t])}</b>"
-        )
+        self.output_line.value = f"output of “{self.tokens[t]}” = {mix} = <b>{_vector(output[t])}</b>"
 
 
 class ScalingExplorer(Explorer):

@@ -20,13 +20,15 @@ clear message instead of a traceback, and recovers once the function works.
 While nbgrader grades or validates a notebook (``NBGRADER_EXECUTION`` is set)
 explorers build nothing and show one line, so grading does not pay for demos.
 """
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import html
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -78,8 +80,10 @@ def explain_unfinished():
         yield
     except NotImplementedError as error:
         name = unfinished_exercise(error)
-        print(f"This cell needs your `{name}`, which still raises NotImplementedError. Write it in its exercise "
-              "cell, run that cell, then run this one again.")
+        print(
+            f"This cell needs your `{name}`, which still raises NotImplementedError. Write it in its exercise "
+            "cell, run that cell, then run this one again."
+        )
 
 
 def _is_widget_canvas(canvas) -> bool:
@@ -95,9 +99,14 @@ def _ticks(axis) -> tuple:
         func = (func.func, repr(func.args), repr(func.keywords))
     else:
         func = id(func)
-    return (type(locator).__name__, tuple(getattr(locator, "locs", ())), type(formatter).__name__,
-            tuple(getattr(formatter, "seq", ())), func,
-            (axis.majorTicks[0].label1.get_fontsize(), axis.majorTicks[0].label1.get_rotation()))
+    return (
+        type(locator).__name__,
+        tuple(getattr(locator, "locs", ())),
+        type(formatter).__name__,
+        tuple(getattr(formatter, "seq", ())),
+        func,
+        (axis.majorTicks[0].label1.get_fontsize(), axis.majorTicks[0].label1.get_rotation()),
+    )
 
 
 def _limits(limits) -> tuple:
@@ -111,8 +120,16 @@ def _data_artists(figure) -> list:
     and legend that sit on top of them, by zorder; then the figure's own texts."""
     artists = []
     for axes in sorted(figure.axes, key=lambda a: a.zorder):
-        own = [*axes.images, *axes.patches, *axes.lines, *axes.collections, *axes.texts,
-               axes.title, axes._left_title, axes._right_title]
+        own = [
+            *axes.images,
+            *axes.patches,
+            *axes.lines,
+            *axes.collections,
+            *axes.texts,
+            axes.title,
+            axes._left_title,
+            axes._right_title,
+        ]
         if axes.axison and axes.get_frame_on():
             own += axes.spines.values()
         if axes.get_legend() is not None:
@@ -193,13 +210,21 @@ class Explorer(widgets.VBox):
         key = [tuple(self.figure.get_size_inches()), self.figure.dpi, tuple(map(id, data))]
         for axes in self.figure.axes:
             legend = axes.get_legend()
-            key.append((
-                axes.get_visible(), _limits(axes.get_xlim()), _limits(axes.get_ylim()),
-                axes.get_xscale(), axes.get_yscale(),
-                axes.get_xlabel(), axes.get_ylabel(), _ticks(axes.xaxis), _ticks(axes.yaxis),
-                *(bool(t.get_text()) for t in (axes.title, axes._left_title, axes._right_title)),
-                tuple(t.get_text() for t in legend.get_texts()) if legend else None,
-            ))
+            key.append(
+                (
+                    axes.get_visible(),
+                    _limits(axes.get_xlim()),
+                    _limits(axes.get_ylim()),
+                    axes.get_xscale(),
+                    axes.get_yscale(),
+                    axes.get_xlabel(),
+                    axes.get_ylabel(),
+                    _ticks(axes.xaxis),
+                    _ticks(axes.yaxis),
+                    *(bool(t.get_text()) for t in (axes.title, axes._left_title, axes._right_title)),
+                    tuple(t.get_text() for t in legend.get_texts()) if legend else None,
+                )
+            )
         return tuple(key)
 
     def _layout_key(self) -> tuple:
@@ -215,14 +240,27 @@ class Explorer(widgets.VBox):
             for axis in (axes.xaxis, axes.yaxis):
                 labels = [t.label1.get_text() for t in axis._update_ticks()] if axes.get_visible() else []
                 tick = axis.majorTicks[0].label1
-                shape.append((bool(labels), max(map(len, labels), default=0), axis.get_label_text(),
-                              tick.get_fontsize(), tick.get_rotation(), axis.get_visible()))
-            key.append((
-                axes.get_visible(), *shape,
-                *((bool(text), text.count("\n")) for text in
-                  (t.get_text() for t in (axes.title, axes._left_title, axes._right_title))),
-                tuple(t.get_text() for t in legend.get_texts()) if legend else None,
-            ))
+                shape.append(
+                    (
+                        bool(labels),
+                        max(map(len, labels), default=0),
+                        axis.get_label_text(),
+                        tick.get_fontsize(),
+                        tick.get_rotation(),
+                        axis.get_visible(),
+                    )
+                )
+            key.append(
+                (
+                    axes.get_visible(),
+                    *shape,
+                    *(
+                        (bool(text), text.count("\n"))
+                        for text in (t.get_text() for t in (axes.title, axes._left_title, axes._right_title))
+                    ),
+                    tuple(t.get_text() for t in legend.get_texts()) if legend else None,
+                )
+            )
         return tuple(key)
 
     def _lay_out(self) -> None:

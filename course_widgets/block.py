@@ -1,4 +1,5 @@
 """Widgets for notebook 06: the SiLU gate of SwiGLU, and the residual stream through depth."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,10 @@ def _one_thread():
 
 def _named(name: str, function):
     """``function`` under another name, so messages say `SwiGLU.forward` and not `forward`."""
+
     def wrapper(*args, **kwargs):
         return function(*args, **kwargs)
+
     wrapper.__name__ = name
     return wrapper
 
@@ -76,10 +79,12 @@ class SiluGateExplorer(Explorer):
 
     def __init__(self, SwiGLU, z: float = 2.0, up: float = 0.5, points: int = 161):
         self.SwiGLU = SwiGLU
-        self.z = widgets.FloatSlider(z, min=-4.0, max=4.0, step=0.1, description="x·W1",
-                                     readout_format=".1f").add_class("z-slider")
-        self.up = widgets.FloatSlider(up, min=-1.5, max=1.5, step=0.05, description="x·W3",
-                                      readout_format=".2f").add_class("up-slider")
+        self.z = widgets.FloatSlider(
+            z, min=-4.0, max=4.0, step=0.1, description="x·W1", readout_format=".1f"
+        ).add_class("z-slider")
+        self.up = widgets.FloatSlider(
+            up, min=-1.5, max=1.5, step=0.05, description="x·W3", readout_format=".2f"
+        ).add_class("up-slider")
         super().__init__([self.z, self.up], figsize=(8.5, 3.4))
         if self.skipped:
             return
@@ -89,11 +94,18 @@ class SiluGateExplorer(Explorer):
         self.axes = self.figure.subplots()
         grid = self.grid.numpy()
         self.axes.plot(grid, F.relu(self.grid).numpy(), color="0.6", linewidth=1.2, label="ReLU(z)")
-        self.axes.plot(grid, F.gelu(self.grid, approximate="tanh").numpy(), color="tab:purple",
-                       linewidth=1.2, linestyle=":", label="GELU(z), GPT-2")
+        self.axes.plot(
+            grid,
+            F.gelu(self.grid, approximate="tanh").numpy(),
+            color="tab:purple",
+            linewidth=1.2,
+            linestyle=":",
+            label="GELU(z), GPT-2",
+        )
         (self.silu_line,) = self.axes.plot([], [], color="tab:blue", linewidth=2.2, label="SiLU(z), your SwiGLU")
-        (self.product_line,) = self.axes.plot([], [], color="tab:orange", linewidth=2.2, linestyle="--",
-                                              label="SiLU(z) · x·W3, your SwiGLU")
+        (self.product_line,) = self.axes.plot(
+            [], [], color="tab:orange", linewidth=2.2, linestyle="--", label="SiLU(z) · x·W3, your SwiGLU"
+        )
         (self.silu_marker,) = self.axes.plot([], [], "o", color="tab:blue", markersize=8)
         (self.product_marker,) = self.axes.plot([], [], "o", color="tab:orange", markersize=9)
         self.guide = self.axes.axvline(z, color="0.3", linewidth=0.8, linestyle="-")
@@ -109,9 +121,9 @@ class SiluGateExplorer(Explorer):
         """(len(z), 2): SiLU(z) and SiLU(z) · up, computed by the learner's SwiGLU."""
         module = _build(self.SwiGLU, 2, 2)
         state = {
-            "w1.weight": torch.tensor([[1.0, 0.0], [1.0, 0.0]]),   # both hidden entries: z
-            "w3.weight": torch.tensor([[0.0, 1.0], [0.0, up]]),    # up branch: 1 and u
-            "w2.weight": torch.eye(2),                               # down: hidden entries as they are
+            "w1.weight": torch.tensor([[1.0, 0.0], [1.0, 0.0]]),  # both hidden entries: z
+            "w3.weight": torch.tensor([[0.0, 1.0], [0.0, up]]),  # up branch: 1 and u
+            "w2.weight": torch.eye(2),  # down: hidden entries as they are
         }
         _load(module, state, "Your SwiGLU")
         rows = torch.stack([z.float(), torch.ones(len(z))], dim=-1)  # inputs (z, 1)
@@ -166,14 +178,24 @@ class ResidualStreamExplorer(Explorer):
     STYLES = ("pre-norm", "post-norm", "no residual")
     COLORS = {"pre-norm": "tab:green", "post-norm": "tab:red", "no residual": "tab:gray"}
 
-    def __init__(self, TransformerBlock, max_layers: int = 24, d_model: int = 64, n_heads: int = 4,
-                 n_kv_heads: int = 2, d_hidden: int = 172, tokens: int = 16, seed: int = 0):
+    def __init__(
+        self,
+        TransformerBlock,
+        max_layers: int = 24,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_kv_heads: int = 2,
+        d_hidden: int = 172,
+        tokens: int = 16,
+        seed: int = 0,
+    ):
         self.TransformerBlock = TransformerBlock
         self.max_layers, self.seed = max_layers, seed
         self.shape = dict(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_hidden=d_hidden)
         self.layers = widgets.IntSlider(12, min=1, max=max_layers, description="layers").add_class("layers-slider")
-        self.gain = widgets.FloatSlider(1.0, min=0.25, max=2.0, step=0.25, description="sub-layer ×",
-                                        readout_format=".2f").add_class("gain-slider")
+        self.gain = widgets.FloatSlider(
+            1.0, min=0.25, max=2.0, step=0.25, description="sub-layer ×", readout_format=".2f"
+        ).add_class("gain-slider")
         super().__init__([self.layers, self.gain], figsize=(9.2, 5.2))
         if self.skipped:
             return
@@ -186,8 +208,11 @@ class ResidualStreamExplorer(Explorer):
         panels = self.figure.subplot_mosaic([["size", "input"], ["gradient", "gradient"]])
         self.size_axes, self.input_axes, self.gradient_axes = panels["size"], panels["input"], panels["gradient"]
         self.lines, self.markers = {}, {}
-        for axes, styles in ((self.size_axes, self.STYLES[:2]), (self.input_axes, self.STYLES[:2]),
-                             (self.gradient_axes, self.STYLES)):
+        for axes, styles in (
+            (self.size_axes, self.STYLES[:2]),
+            (self.input_axes, self.STYLES[:2]),
+            (self.gradient_axes, self.STYLES),
+        ):
             for style in styles:
                 (line,) = axes.plot([], [], "-", color=self.COLORS[style], linewidth=2, label=style)
                 (marker,) = axes.plot([], [], "o", color=self.COLORS[style], markersize=7)
@@ -204,15 +229,22 @@ class ResidualStreamExplorer(Explorer):
         self.gradient_axes.yaxis.set_minor_locator(NullLocator())  # decades only: fewer artists, faster draws
         self.gradient_axes.axhline(1.0, color="0.8", linewidth=0.8)
         self.loss_line = self.gradient_axes.axvline(12, color="0.3", linewidth=0.8, linestyle=":")
-        self.loss_label = self.gradient_axes.text(12, 0.03, " the loss reads here", fontsize=8, color="0.3",
-                                                  va="bottom", transform=self.gradient_axes.get_xaxis_transform())
+        self.loss_label = self.gradient_axes.text(
+            12,
+            0.03,
+            " the loss reads here",
+            fontsize=8,
+            color="0.3",
+            va="bottom",
+            transform=self.gradient_axes.get_xaxis_transform(),
+        )
         self.loss_label.set_in_layout(False)  # near the right edge it may overhang: no reason to shrink the axes
         self.gradient_axes.set_xlabel("layer")
         self.gradient_axes.legend(loc="upper right")
-        self._blocks = None       # (the learner's class, its blocks, their base output weights)
-        self._trajectories = {}   # gain -> {style: (rms list, cos list)}
-        self._gradients = {}      # (gain, layers) -> {style: gradient sizes after 0 .. layers layers}
-        self._streams = None      # (gain, {style: the stream after each layer, in autograd's graph})
+        self._blocks = None  # (the learner's class, its blocks, their base output weights)
+        self._trajectories = {}  # gain -> {style: (rms list, cos list)}
+        self._gradients = {}  # (gain, layers) -> {style: gradient sizes after 0 .. layers layers}
+        self._streams = None  # (gain, {style: the stream after each layer, in autograd's graph})
         self.refresh()
 
     # -- the computation, with the learner's blocks
@@ -254,6 +286,7 @@ class ResidualStreamExplorer(Explorer):
     @staticmethod
     def _steps() -> dict:
         """{style: step(block, x)}: the learner's forward, and its parts in two other orders."""
+
         def post_norm(block, x):
             x = block.attn_norm(x + block.attn(x))
             return block.mlp_norm(x + block.mlp(x))
@@ -353,17 +386,17 @@ class ResidualStreamExplorer(Explorer):
         every = [max(size, 1e-12) for sizes in gradients.values() for size in sizes]
         low, high = min(every), max(every)
         # limits on whole powers of 10, so that small changes do not move the axis
-        self.gradient_axes.set_ylim(10.0 ** math.floor(math.log10(low) - 0.3),
-                                    10.0 ** math.ceil(math.log10(high) + 0.3))
+        self.gradient_axes.set_ylim(
+            10.0 ** math.floor(math.log10(low) - 0.3), 10.0 ** math.ceil(math.log10(high) + 0.3)
+        )
         (pre_rms, pre_cos), (post_rms, post_cos) = found["pre-norm"], found["post-norm"]
         self.stats.value = (
             f"after {depth} layer{'s' if depth > 1 else ''} (sub-layer × {gain:.2f}): "
             f"<b>pre-norm</b> RMS {pre_rms[depth]:.2f}, cos(x, x₀) {pre_cos[depth]:.2f}; "
             f"<b>post-norm</b> RMS {post_rms[depth]:.2f}, cos(x, x₀) {post_cos[depth]:.2f}"
         )
-        self.gradient_stats.value = (
-            "gradient reaching the input x₀, relative to the top: "
-            + "; ".join(f"<b>{style}</b> {_times(gradients[style][0])}" for style in self.STYLES)
+        self.gradient_stats.value = "gradient reaching the input x₀, relative to the top: " + "; ".join(
+            f"<b>{style}</b> {_times(gradients[style][0])}" for style in self.STYLES
         )
 
 

@@ -1,5 +1,6 @@
 """Widgets for notebook 05: which key/value head each query head reads, and what
 sharing key/value heads saves in the KV cache."""
+
 from __future__ import annotations
 
 import math
@@ -52,7 +53,9 @@ def _as_index(value, h: int, n_heads: int, n_kv_heads: int) -> int:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise LearnerFunctionProblem(f"{call} returned {type(value).__name__}; it should return a whole number.") from None
+        raise LearnerFunctionProblem(
+            f"{call} returned {type(value).__name__}; it should return a whole number."
+        ) from None
     if not number.is_integer():
         raise LearnerFunctionProblem(
             f"{call} returned {number:g}, not a whole number: a head index is an integer (round down with //)."
@@ -84,9 +87,9 @@ class HeadGrouping(Explorer):
         self.n_kv_heads = widgets.SelectionSlider(
             options=divisors(n_heads), value=n_kv_heads, description="G (kv)"
         ).add_class("kv-heads-slider")
-        self.query_head = widgets.IntSlider(
-            query_head, min=0, max=n_heads - 1, description="query head"
-        ).add_class("query-head-slider")
+        self.query_head = widgets.IntSlider(query_head, min=0, max=n_heads - 1, description="query head").add_class(
+            "query-head-slider"
+        )
         self._syncing = False
         super().__init__([self.n_heads, self.n_kv_heads, self.query_head], figsize=(9, 3.0))
         if self.skipped:
@@ -105,12 +108,13 @@ class HeadGrouping(Explorer):
         (self.highlight,) = self.axes.plot([], [], color="black", linewidth=3.5, zorder=2)
         self.query_boxes = self.axes.scatter([], [], marker="s", edgecolors="black", linewidths=0.6, zorder=3)
         self.kv_boxes = self.axes.scatter([], [], marker="s", edgecolors="black", linewidths=0.6, zorder=3)
-        self.rings = self.axes.scatter([], [], marker="s", facecolors="none", edgecolors="black",
-                                       linewidths=2.5, zorder=4)
-        self.query_labels = [self.axes.text(0, 1, "", ha="center", va="center", zorder=5)
-                             for _ in range(self.MAX_HEADS)]
-        self.kv_labels = [self.axes.text(0, 0, "", ha="center", va="center", zorder=5)
-                          for _ in range(self.MAX_HEADS)]
+        self.rings = self.axes.scatter(
+            [], [], marker="s", facecolors="none", edgecolors="black", linewidths=2.5, zorder=4
+        )
+        self.query_labels = [
+            self.axes.text(0, 1, "", ha="center", va="center", zorder=5) for _ in range(self.MAX_HEADS)
+        ]
+        self.kv_labels = [self.axes.text(0, 0, "", ha="center", va="center", zorder=5) for _ in range(self.MAX_HEADS)]
         self.groups = None
         self.refresh()
 
@@ -179,20 +183,31 @@ class HeadGrouping(Explorer):
             sharing = f"each kv head is read by {readers[0]} query head{'s' if readers[0] > 1 else ''}"
         else:
             sharing = f"kv heads are read by {min(readers)} to {max(readers)} query heads (uneven groups)"
-        layout = ("the groups are blocks of consecutive query heads" if blocks
-                  else "<b>the groups are not blocks of consecutive heads</b>: check your kv_head_index")
-        saving = ("the KV cache is as large as with multi-head attention" if G == H
-                  else f"the KV cache holds {G} head{'s' if G > 1 else ''} instead of {H}: {H // G}× smaller than multi-head attention")
-        return (f"H = {H} query heads, G = {G} kv heads ({attention_kind(H, G)}): {sharing}; {layout}. "
-                f"Query head {chosen} reads <b>kv head {groups[chosen]}</b> "
-                f"(kv_head_index({chosen}, {H}, {G}) = {groups[chosen]}); {saving}.")
+        layout = (
+            "the groups are blocks of consecutive query heads"
+            if blocks
+            else "<b>the groups are not blocks of consecutive heads</b>: check your kv_head_index"
+        )
+        saving = (
+            "the KV cache is as large as with multi-head attention"
+            if G == H
+            else f"the KV cache holds {G} head{'s' if G > 1 else ''} instead of {H}: "
+            f"{H // G}× smaller than multi-head attention"
+        )
+        return (
+            f"H = {H} query heads, G = {G} kv heads ({attention_kind(H, G)}): {sharing}; {layout}. "
+            f"Query head {chosen} reads <b>kv head {groups[chosen]}</b> "
+            f"(kv_head_index({chosen}, {H}, {G}) = {groups[chosen]}); {saving}."
+        )
 
 
 def _as_bytes(value, call: str) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise LearnerFunctionProblem(f"{call} returned {type(value).__name__}; it should return a number of bytes.") from None
+        raise LearnerFunctionProblem(
+            f"{call} returned {type(value).__name__}; it should return a number of bytes."
+        ) from None
     if not math.isfinite(number) or number <= 0:
         raise LearnerFunctionProblem(f"{call} returned {number:g}; a cache size is a positive number of bytes.")
     return number
@@ -223,17 +238,27 @@ class KVCacheExplorer(Explorer):
         self.kv_cache_bytes = kv_cache_bytes
         self.models = dict(models or PUBLISHED_MODELS)
         self.model = widgets.Dropdown(
-            options=list(self.models), value=model if model in self.models else next(iter(self.models)),
-            description="model", layout=widgets.Layout(width="220px"),
+            options=list(self.models),
+            value=model if model in self.models else next(iter(self.models)),
+            description="model",
+            layout=widgets.Layout(width="220px"),
         ).add_class("model-preset")
         self.seq_len = widgets.SelectionSlider(
-            options=self.SEQ_LENS, value=4096, description="tokens", layout=widgets.Layout(width="290px"),
+            options=self.SEQ_LENS,
+            value=4096,
+            description="tokens",
+            layout=widgets.Layout(width="290px"),
         ).add_class("seq-len-slider")
         self.batch = widgets.SelectionSlider(
-            options=self.BATCHES, value=1, description="batch", layout=widgets.Layout(width="230px"),
+            options=self.BATCHES,
+            value=1,
+            description="batch",
+            layout=widgets.Layout(width="230px"),
         ).add_class("batch-slider")
         self.precision = widgets.ToggleButtons(
-            options=[("16-bit", 2), ("32-bit", 4)], value=2, tooltips=["2 bytes a value", "4 bytes a value"],
+            options=[("16-bit", 2), ("32-bit", 4)],
+            value=2,
+            tooltips=["2 bytes a value", "4 bytes a value"],
         ).add_class("precision-toggle")
         self.precision.style.button_width = "60px"
         super().__init__([self.model, self.seq_len, self.batch, self.precision], figsize=(9, 3.6))
@@ -275,8 +300,9 @@ class KVCacheExplorer(Explorer):
         n_layers, _, _, head_dim = self.models[self.model.value]
         batch, precision = self.batch.value, self.precision.value
         call = f"kv_cache_bytes({n_layers}, {n_kv_heads}, {head_dim}, {seq_len}, {batch}, {precision})"
-        value = call_learner(self.kv_cache_bytes, n_layers, n_kv_heads, head_dim, seq_len,
-                             batch_size=batch, bytes_per_value=precision)
+        value = call_learner(
+            self.kv_cache_bytes, n_layers, n_kv_heads, head_dim, seq_len, batch_size=batch, bytes_per_value=precision
+        )
         return _as_bytes(value, call)
 
     def update(self) -> None:
@@ -304,8 +330,9 @@ class KVCacheExplorer(Explorer):
         limits = (min(values) / GIB / 2, max(values) / GIB * 3)
         if self.axes.get_ylim() != limits:  # moving along a curve keeps the axis as it is
             self.axes.set_ylim(*limits)
-        self.axes.set_title(f"{name}: {self.models[name][0]} layers, H = {n_heads}, head size {self.models[name][3]}",
-                            fontsize=10)
+        self.axes.set_title(
+            f"{name}: {self.models[name][0]} layers, H = {n_heads}, head size {self.models[name][3]}", fontsize=10
+        )
         self.summary.value = self.describe(name, seq_len, variants, chosen, published_g)
 
     def describe(self, name, seq_len, variants, chosen, published_g) -> str:
@@ -314,8 +341,11 @@ class KVCacheExplorer(Explorer):
             mark = " (as published)" if g == published_g else ""
             parts.append(f"{variant} (G = {g}){mark} <b>{_gib(chosen[variant])}</b>")
         published = [v for v, g in variants.items() if g == published_g]
-        exact = (f"; as published: {int(chosen[published[0]]):,} bytes" if published
-                 else "")
+        exact = f"; as published: {int(chosen[published[0]]):,} bytes" if published else ""
         ratio = chosen["MHA"] / chosen["MQA"]
-        return (f"{name}, {seq_len:,} tokens, batch {self.batch.value}, {self.precision.value} bytes a value: "
-                + " · ".join(parts) + exact + f". MQA is {ratio:g}× smaller than MHA.")
+        return (
+            f"{name}, {seq_len:,} tokens, batch {self.batch.value}, {self.precision.value} bytes a value: "
+            + " · ".join(parts)
+            + exact
+            + f". MQA is {ratio:g}× smaller than MHA."
+        )

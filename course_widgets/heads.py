@@ -10,6 +10,7 @@
 Drawing convention of ``ShapeWalk``: a tensor of shape (A, R, C) (batch axis
 dropped) is drawn as A blocks side by side, each R rows by C columns.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,6 +71,7 @@ def _ranges(numbers: list[int]) -> str:
 
 # ---------------------------------------------------------------- the shape walk
 
+
 class ShapeWalk(Explorer):
     """(B, T, D) -> view (B, T, H, D/H) -> transpose (B, H, T, D/H) -> merge (B, T, D).
 
@@ -87,10 +89,14 @@ class ShapeWalk(Explorer):
         self.tokens, self.D = list(tokens), d_model
         self.T = len(self.tokens)
         options = [h for h in (1, 2, 4, 8, 16) if d_model % h == 0 and h <= d_model]
-        self.heads = widgets.SelectionSlider(options=options, value=2 if 2 in options else options[0],
-                                             description="heads H").add_class("heads-slider")
-        self.token = widgets.SelectionSlider(options=[(f"{t}: {w}", t) for t, w in enumerate(self.tokens)],
-                                             value=min(1, self.T - 1), description="follow").add_class("token-slider")
+        self.heads = widgets.SelectionSlider(
+            options=options, value=2 if 2 in options else options[0], description="heads H"
+        ).add_class("heads-slider")
+        self.token = widgets.SelectionSlider(
+            options=[(f"{t}: {w}", t) for t, w in enumerate(self.tokens)],
+            value=min(1, self.T - 1),
+            description="follow",
+        ).add_class("token-slider")
         super().__init__([self.heads, self.token], figsize=(9.2, 2.8))
         if self.skipped:
             return
@@ -105,8 +111,9 @@ class ShapeWalk(Explorer):
         self.titles = [self.axes.text(0, 0, "", ha="center", va="bottom", fontsize=9) for _ in range(4)]
         self.arrows = [self.axes.text(0, 0, "→", ha="center", va="center", fontsize=16, color="0.3") for _ in range(3)]
         max_blocks = max(self.T, max(options))
-        self.block_labels = [self.axes.text(0, 0, "", ha="center", va="top", fontsize=8, color="0.3")
-                             for _ in range(self.T + max_blocks)]
+        self.block_labels = [
+            self.axes.text(0, 0, "", ha="center", va="top", fontsize=8, color="0.3") for _ in range(self.T + max_blocks)
+        ]
         self.split = self.merged = None
         self._layout_fixed = False
         self.refresh()
@@ -207,6 +214,7 @@ class ShapeWalk(Explorer):
 
 # ---------------------------------------------------------------- per-head patterns
 
+
 class HeadPatterns(Explorer):
     """Every head's attention weights on a short sentence, side by side.
 
@@ -222,17 +230,27 @@ class HeadPatterns(Explorer):
     HEAD_OPTIONS = (1, 2, 4, 8)
     GAIN = 1.5  # projection weights ~ N(0, (GAIN / √D)²): patterns sharp enough to tell heads apart
 
-    def __init__(self, MultiHeadAttention, split_heads, merge_heads, attention_weights, attention,
-                 sentence: str = "the cat sat on the mat", d_model: int = 16):
+    def __init__(
+        self,
+        MultiHeadAttention,
+        split_heads,
+        merge_heads,
+        attention_weights,
+        attention,
+        sentence: str = "the cat sat on the mat",
+        d_model: int = 16,
+    ):
         self.MultiHeadAttention = MultiHeadAttention
         self.split_heads, self.merge_heads = split_heads, merge_heads
         self.attention_weights, self.attention = attention_weights, attention
         self.tokens, self.D = sentence.split(), d_model
         self.T = len(self.tokens)
-        self.heads = widgets.SelectionSlider(options=[h for h in self.HEAD_OPTIONS if d_model % h == 0], value=2,
-                                             description="heads H").add_class("heads-slider")
-        self.query = widgets.SelectionSlider(options=[(f"{t}: {w}", t) for t, w in enumerate(self.tokens)],
-                                             value=2, description="query").add_class("query-slider")
+        self.heads = widgets.SelectionSlider(
+            options=[h for h in self.HEAD_OPTIONS if d_model % h == 0], value=2, description="heads H"
+        ).add_class("heads-slider")
+        self.query = widgets.SelectionSlider(
+            options=[(f"{t}: {w}", t) for t, w in enumerate(self.tokens)], value=2, description="query"
+        ).add_class("query-slider")
         self.seed = widgets.IntSlider(0, min=0, max=9, description="seed").add_class("seed-slider")
         self.causal = widgets.Checkbox(False, description="causal mask").add_class("causal-toggle")
         super().__init__([self.heads, self.query, self.seed, self.causal], figsize=(9.2, 4.8))
@@ -246,18 +264,22 @@ class HeadPatterns(Explorer):
 
         self.heat_axes, self.bar_axes = self.figure.subplots(2, 1, height_ratios=[1.5, 1])
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
-        self.image = self.heat_axes.imshow(np.zeros((self.T, self.T)), cmap=cmap, vmin=0.0, vmax=1.0,
-                                           interpolation="nearest", aspect="auto")
+        self.image = self.heat_axes.imshow(
+            np.zeros((self.T, self.T)), cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest", aspect="auto"
+        )
         self.figure.colorbar(self.image, ax=self.heat_axes, shrink=0.8, label="weight")
         self.heat_axes.set_yticks(range(self.T), self.tokens)
         self.heat_axes.set_ylabel("query")
-        self.head_titles = [self.heat_axes.text(0, -0.7, "", ha="center", va="bottom", fontsize=9)
-                            for _ in range(max(self.HEAD_OPTIONS))]
+        self.head_titles = [
+            self.heat_axes.text(0, -0.7, "", ha="center", va="bottom", fontsize=9)
+            for _ in range(max(self.HEAD_OPTIONS))
+        ]
         self.row_box = Rectangle((-0.5, -0.5), self.T, 1, fill=False, edgecolor="crimson", linewidth=2.0)
         self.heat_axes.add_patch(self.row_box)
         self.bars = self.bar_axes.bar(range(d_model), [0.0] * d_model)
-        (self.after,) = self.bar_axes.plot(range(d_model), [0.0] * d_model, "o", color="black", markersize=4,
-                                           label="after W_O")
+        (self.after,) = self.bar_axes.plot(
+            range(d_model), [0.0] * d_model, "o", color="black", markersize=4, label="after W_O"
+        )
         self.bar_axes.axhline(0.0, color="0.5", linewidth=0.8)
         self.bar_axes.set_xticks(range(d_model))
         self.bar_axes.set_xlabel("feature")
@@ -275,8 +297,10 @@ class HeadPatterns(Explorer):
             for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 layer = getattr(module, name, None)
                 if not isinstance(layer, torch.nn.Module) or not hasattr(layer, "weight"):
-                    raise LearnerFunctionProblem(f"`MultiHeadAttention` has no linear layer `{name}`: "
-                                                 "create it in __init__ with nn.Linear(d_model, d_model, bias=False).")
+                    raise LearnerFunctionProblem(
+                        f"`MultiHeadAttention` has no linear layer `{name}`: "
+                        "create it in __init__ with nn.Linear(d_model, d_model, bias=False)."
+                    )
                 layer.weight.copy_(torch.randn(layer.weight.shape, generator=generator) * self.GAIN / math.sqrt(self.D))
         return module.eval()
 
@@ -304,8 +328,10 @@ class HeadPatterns(Explorer):
         module = self.build_module(H, self.seed.value)
         mask = torch.ones(T, T, dtype=torch.bool).tril() if self.causal.value else None
         with torch.no_grad():
-            q, k, v = (_tensor("split_heads", call_learner(self.split_heads, getattr(module, name)(self.x), H),
-                               (1, H, T, Dh)) for name in ("q_proj", "k_proj", "v_proj"))
+            q, k, v = (
+                _tensor("split_heads", call_learner(self.split_heads, getattr(module, name)(self.x), H), (1, H, T, Dh))
+                for name in ("q_proj", "k_proj", "v_proj")
+            )
             weights = _tensor("attention_weights", call_learner(self.attention_weights, q, k, mask), (1, H, T, T))
             head_outputs = _tensor("attention", call_learner(self.attention, q, k, v, mask), (1, H, T, Dh))
             merged = _tensor("merge_heads", call_learner(self.merge_heads, head_outputs), (1, T, D))
@@ -315,7 +341,7 @@ class HeadPatterns(Explorer):
 
         picture = np.full((T, H * (T + 1) - 1), np.nan)
         for h in range(H):
-            picture[:, h * (T + 1): h * (T + 1) + T] = self.weights[h].numpy()
+            picture[:, h * (T + 1) : h * (T + 1) + T] = self.weights[h].numpy()
         self.image.set_data(picture)
         self.image.set_extent((-0.5, picture.shape[1] - 0.5, T - 0.5, -0.5))
         self.row_box.set_y(t - 0.5)
@@ -327,8 +353,10 @@ class HeadPatterns(Explorer):
         # rounded up to 1, 2, 5, ...: most inputs keep the axis, and only the data is redrawn
         limit = nice_ceiling(1.15 * max(float(self.merged[t].abs().max()), float(self.output[t].abs().max()), 0.1))
         self.bar_axes.set_ylim(-limit, limit)
-        self.bar_axes.set_title(f"“{self.tokens[t]}”: the {H} heads' outputs side by side "
-                                f"({Dh} numbers each, bars) and after W_O (dots)", fontsize=9)
+        self.bar_axes.set_title(
+            f"“{self.tokens[t]}”: the {H} heads' outputs side by side ({Dh} numbers each, bars) and after W_O (dots)",
+            fontsize=9,
+        )
 
         favourites = []
         for h in range(H):

@@ -4,11 +4,12 @@ Both run the learner's own ``KVCache`` and ``attend_with_cache`` on a small
 ``GroupedQueryAttention`` (the class is passed in, like the functions: widgets
 never import the reference solutions).
 """
+
 from __future__ import annotations
 
+import ipywidgets as widgets
 import numpy as np
 import torch
-import ipywidgets as widgets
 from matplotlib.colors import ListedColormap
 
 from .base import Explorer, LearnerFunctionProblem, call_learner
@@ -52,12 +53,17 @@ class _Recorder:
 
         def update(layer, k, v):
             result = original(layer, k, v)
-            if not (isinstance(result, (tuple, list)) and len(result) == 2
-                    and all(isinstance(t, torch.Tensor) for t in result)):
+            if not (
+                isinstance(result, (tuple, list))
+                and len(result) == 2
+                and all(isinstance(t, torch.Tensor) for t in result)
+            ):
                 raise LearnerFunctionProblem(
-                    f"`KVCache.update` returned {type(result).__name__}; it should return the layer's full (k, v).")
+                    f"`KVCache.update` returned {type(result).__name__}; it should return the layer's full (k, v)."
+                )
             self.calls.append((tuple(k.shape), tuple(result[0].shape)))
             return result
+
         cache.update = update
 
 
@@ -89,13 +95,16 @@ class CacheFilling(Explorer):
     def __init__(self, KVCache, attend_with_cache, GroupedQueryAttention, prompt: int = 4, step: int = 3):
         self.KVCache, self.attend_with_cache = KVCache, attend_with_cache
         self.step = widgets.IntSlider(step, min=0, max=self.MAX_STEPS, description="step").add_class("step-slider")
-        self.prompt = widgets.IntSlider(prompt, min=1, max=self.MAX_PROMPT,
-                                        description="prompt").add_class("prompt-slider")
+        self.prompt = widgets.IntSlider(prompt, min=1, max=self.MAX_PROMPT, description="prompt").add_class(
+            "prompt-slider"
+        )
         super().__init__([self.step, self.prompt], figsize=(9.5, 3.2))
         if self.skipped:
             return
         self.layer = _seeded_layer(GroupedQueryAttention, self.D_MODEL, self.N_HEADS, self.N_KV_HEADS, seed=8)
-        self.x = torch.randn(1, self.MAX_PROMPT + self.MAX_STEPS, self.D_MODEL, generator=torch.Generator().manual_seed(8))
+        self.x = torch.randn(
+            1, self.MAX_PROMPT + self.MAX_STEPS, self.D_MODEL, generator=torch.Generator().manual_seed(8)
+        )
         with torch.no_grad():
             self.full = self.layer(self.x)  # one causal forward pass over every position
         self.summary = widgets.HTML("").add_class("filling-summary")
@@ -103,8 +112,14 @@ class CacheFilling(Explorer):
         self.grid_axes, self.count_axes = self.figure.subplots(1, 2, width_ratios=[2.2, 1])
         self.max_rows = 2 * self.N_HEADS  # room for a cache that (wrongly) keeps all H heads
         self.max_columns = self.MAX_PROMPT + self.MAX_STEPS
-        self.image = self.grid_axes.imshow(np.zeros((self.max_rows, self.max_columns)), cmap=CELL_COLOURS,
-                                           vmin=0, vmax=2, aspect="auto", interpolation="nearest")
+        self.image = self.grid_axes.imshow(
+            np.zeros((self.max_rows, self.max_columns)),
+            cmap=CELL_COLOURS,
+            vmin=0,
+            vmax=2,
+            aspect="auto",
+            interpolation="nearest",
+        )
         self.grid_axes.set_xticks(range(self.max_columns))
         self.grid_axes.set_xlabel("position")
         self.grid_axes.set_xticks(np.arange(-0.5, self.max_columns), minor=True)
@@ -134,18 +149,21 @@ class CacheFilling(Explorer):
             for step in range(last_step + 1):
                 start, T_new = (0, prompt) if step == 0 else (prompt + step - 1, 1)
                 positions = torch.arange(start, start + T_new)
-                out = call_learner(self.attend_with_cache, self.layer, self.x[:, start:start + T_new], positions,
-                                   cache, 0)
+                out = call_learner(
+                    self.attend_with_cache, self.layer, self.x[:, start : start + T_new], positions, cache, 0
+                )
                 if not isinstance(out, torch.Tensor) or tuple(out.shape) != (1, T_new, self.D_MODEL):
                     shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                     raise LearnerFunctionProblem(
                         f"`attend_with_cache` returned {shape} for {T_new} new token(s); expected "
-                        f"(B, T_new, D) = (1, {T_new}, {self.D_MODEL}).")
+                        f"(B, T_new, D) = (1, {T_new}, {self.D_MODEL})."
+                    )
                 outputs.append(out)
         if len(recorder.calls) != last_step + 1:
             raise LearnerFunctionProblem(
                 f"`attend_with_cache` called cache.update {len(recorder.calls)} times in {last_step + 1} steps; "
-                "it should call it once per step.")
+                "it should call it once per step."
+            )
         total = prompt + last_step
         error = float((torch.cat(outputs, dim=1) - self.full[:, :total]).abs().max())
         return recorder.calls, error
@@ -160,7 +178,7 @@ class CacheFilling(Explorer):
         rows = min(2 * heads, self.max_rows)
         columns = min(S, self.max_columns)
         grid[:rows, :columns] = READ
-        grid[:rows, max(0, columns - T_new):columns] = NEW
+        grid[:rows, max(0, columns - T_new) : columns] = NEW
         self.image.set_data(grid)
         labels = [f"{kind} head {g}" for kind in ("key", "value") for g in range(heads)][:rows]
         self.grid_axes.set_yticks(range(rows), labels)
@@ -174,20 +192,32 @@ class CacheFilling(Explorer):
         top = sum(self.MAX_PROMPT + s for s in range(self.MAX_STEPS + 1))
         if self.count_axes.get_ylim() != (0, top * 1.05):
             self.count_axes.set_ylim(0, top * 1.05)
-        self.summary.value = self.describe(prompt, step, heads, S, T_new, error,
-                                           int(computed_cached[-1]), int(computed_uncached[-1]))
+        self.summary.value = self.describe(
+            prompt, step, heads, S, T_new, error, int(computed_cached[-1]), int(computed_uncached[-1])
+        )
 
     def describe(self, prompt, step, heads, S, T_new, error, cached, uncached) -> str:
-        what = ("the prompt: all of its positions computed at once" if step == 0
-                else f"the new token at position {prompt + step - 1}")
-        verdict = ("matches one full forward pass" if error < 1e-4
-                   else "<b>differs from one full forward pass</b>: check positions, mask and cache")
-        heads_note = ("" if heads == self.N_KV_HEADS else
-                      f" <b>The cache holds {heads} heads, not the {self.N_KV_HEADS} kv heads</b>: cache before repeat_kv.")
-        return (f"Step {step}, {what}: {T_new} key and value vector{'s' if T_new > 1 else ''} per kv head computed, "
-                f"{S - T_new} read from the cache (S = {S}). Your output {verdict} (largest difference "
-                f"{error:.1e}). Key/value vectors computed so far: {cached:,} with the cache, {uncached:,} "
-                f"without.{heads_note}")
+        what = (
+            "the prompt: all of its positions computed at once"
+            if step == 0
+            else f"the new token at position {prompt + step - 1}"
+        )
+        verdict = (
+            "matches one full forward pass"
+            if error < 1e-4
+            else "<b>differs from one full forward pass</b>: check positions, mask and cache"
+        )
+        heads_note = (
+            ""
+            if heads == self.N_KV_HEADS
+            else f" <b>The cache holds {heads} heads, not the {self.N_KV_HEADS} kv heads</b>: cache before repeat_kv."
+        )
+        return (
+            f"Step {step}, {what}: {T_new} key and value vector{'s' if T_new > 1 else ''} per kv head computed, "
+            f"{S - T_new} read from the cache (S = {S}). Your output {verdict} (largest difference "
+            f"{error:.1e}). Key/value vectors computed so far: {cached:,} with the cache, {uncached:,} "
+            f"without.{heads_note}"
+        )
 
 
 class CacheMemory(Explorer):
@@ -208,8 +238,9 @@ class CacheMemory(Explorer):
     def __init__(self, KVCache, attend_with_cache, GroupedQueryAttention, kv_cache_bytes, tokens: int = 128):
         self.KVCache, self.attend_with_cache, self.kv_cache_bytes = KVCache, attend_with_cache, kv_cache_bytes
         self.GroupedQueryAttention = GroupedQueryAttention
-        self.tokens = widgets.SelectionSlider(options=self.TOKENS, value=tokens,
-                                              description="tokens").add_class("tokens-slider")
+        self.tokens = widgets.SelectionSlider(options=self.TOKENS, value=tokens, description="tokens").add_class(
+            "tokens-slider"
+        )
         self.dtype = widgets.ToggleButtons(options=list(self.DTYPES), value="float32").add_class("dtype-toggle")
         self.dtype.style.button_width = "80px"
         super().__init__([self.tokens, self.dtype], figsize=(8, 3.4))
@@ -221,10 +252,10 @@ class CacheMemory(Explorer):
         self.axes = self.figure.subplots()
         self.lines, self.dots = {}, {}
         for variant, colour in self.COLOURS.items():
-            (self.lines[variant],) = self.axes.plot([], [], "-", color=colour,
-                                                    label=f"{variant} (G = {self.VARIANTS[variant]})")
-            (self.dots[variant],) = self.axes.plot([], [], "o", color=colour, markersize=8,
-                                                   markeredgecolor="black")
+            (self.lines[variant],) = self.axes.plot(
+                [], [], "-", color=colour, label=f"{variant} (G = {self.VARIANTS[variant]})"
+            )
+            (self.dots[variant],) = self.axes.plot([], [], "o", color=colour, markersize=8, markeredgecolor="black")
         self.axes.plot([], [], "o", color="0.5", markeredgecolor="black", label="your KVCache, measured")
         self.axes.legend(loc="upper left", fontsize=8)
         self.axes.set_xlim(0, self.TOKENS[-1] * 1.04)
@@ -239,9 +270,17 @@ class CacheMemory(Explorer):
     def layers(self, n_kv_heads: int, dtype):
         key = (n_kv_heads, dtype)
         if key not in self._layers:
-            self._layers[key] = [_seeded_layer(self.GroupedQueryAttention, self.N_HEADS * self.HEAD_DIM,
-                                               self.N_HEADS, n_kv_heads, seed=i, dtype=dtype)
-                                 for i in range(self.N_LAYERS)]
+            self._layers[key] = [
+                _seeded_layer(
+                    self.GroupedQueryAttention,
+                    self.N_HEADS * self.HEAD_DIM,
+                    self.N_HEADS,
+                    n_kv_heads,
+                    seed=i,
+                    dtype=dtype,
+                )
+                for i in range(self.N_LAYERS)
+            ]
         return self._layers[key]
 
     def measure(self, n_kv_heads: int, n_tokens: int, dtype) -> int:
@@ -257,13 +296,21 @@ class CacheMemory(Explorer):
         return cache_tensor_bytes(cache)
 
     def predict(self, n_kv_heads: int, n_tokens: int, bytes_per_value: int) -> float:
-        value = call_learner(self.kv_cache_bytes, self.N_LAYERS, n_kv_heads, self.HEAD_DIM, n_tokens,
-                             batch_size=1, bytes_per_value=bytes_per_value)
+        value = call_learner(
+            self.kv_cache_bytes,
+            self.N_LAYERS,
+            n_kv_heads,
+            self.HEAD_DIM,
+            n_tokens,
+            batch_size=1,
+            bytes_per_value=bytes_per_value,
+        )
         try:
             return float(value)
         except (TypeError, ValueError):
             raise LearnerFunctionProblem(
-                f"`kv_cache_bytes` returned {type(value).__name__}; it should return a number of bytes.") from None
+                f"`kv_cache_bytes` returned {type(value).__name__}; it should return a number of bytes."
+            ) from None
 
     def update(self) -> None:
         n_tokens, dtype = self.tokens.value, self.DTYPES[self.dtype.value]
@@ -275,8 +322,11 @@ class CacheMemory(Explorer):
             self.measured[variant] = self.measure(g, n_tokens, dtype)
             self.lines[variant].set_data(xs, np.array(curve) / 2**20)
             self.dots[variant].set_data([n_tokens], [self.measured[variant] / 2**20])
-        self.axes.set_title(f"{self.N_LAYERS} layers, H = {self.N_HEADS} query heads of {self.HEAD_DIM}, "
-                            f"{self.dtype.value} ({size} bytes a value)", fontsize=10)
+        self.axes.set_title(
+            f"{self.N_LAYERS} layers, H = {self.N_HEADS} query heads of {self.HEAD_DIM}, "
+            f"{self.dtype.value} ({size} bytes a value)",
+            fontsize=10,
+        )
         self.summary.value = self.describe(n_tokens, size)
 
     def describe(self, n_tokens: int, size: int) -> str:
@@ -284,6 +334,8 @@ class CacheMemory(Explorer):
         for variant, g in self.VARIANTS.items():
             measured, predicted = self.measured[variant], self.predicted[variant]
             mark = "=" if measured == predicted else "<b>≠</b>"
-            parts.append(f"{variant} (G = {g}): your cache holds <b>{measured:,}</b> bytes {mark} "
-                         f"kv_cache_bytes {int(predicted):,}")
+            parts.append(
+                f"{variant} (G = {g}): your cache holds <b>{measured:,}</b> bytes {mark} "
+                f"kv_cache_bytes {int(predicted):,}"
+            )
         return f"{n_tokens} tokens, {size} bytes a value. " + " · ".join(parts) + "."

@@ -5,6 +5,7 @@ mask, only that token's and the later ones). ``CacheMaskViewer``: the mask for
 T new queries against S keys, the queries being the last T positions.
 Both run the learner's own ``causal_mask``.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,7 +76,8 @@ class MaskExplorer(Explorer):
         self.tokens = list(tokens) if tokens is not None else [f"token {t}" for t in range(T)]
         self.token = widgets.Dropdown(
             options=[(f"{t}: {name}", t) for t, name in enumerate(self.tokens)],
-            value=T // 2 if token is None else token, description="edit token",
+            value=T // 2 if token is None else token,
+            description="edit token",
         ).add_class("token-picker")
         self.change = widgets.FloatSlider(
             0.0, min=-3.0, max=3.0, step=0.5, description="change by", readout_format="+.1f"
@@ -89,18 +91,19 @@ class MaskExplorer(Explorer):
         score_axes, weight_axes, self.change_axes = self.figure.subplots(1, 3, width_ratios=[1, 1, 1.1])
         cmap = matplotlib.colormaps["viridis"].with_extremes(bad="0.88")
         labels = [str(t) for t in range(T)]
-        self.score_image, self.score_texts = heatmap(score_axes, torch.zeros(T, T), labels, labels,
-                                                     cmap=cmap, fmt="{:.2f}")
+        self.score_image, self.score_texts = heatmap(
+            score_axes, torch.zeros(T, T), labels, labels, cmap=cmap, fmt="{:.2f}"
+        )
         score_axes.set_title("scores q·k/√d, masked")
-        self.weight_image, self.weight_texts = heatmap(weight_axes, torch.zeros(T, T), labels, labels,
-                                                       vmin=0.0, vmax=1.0, cmap=cmap, fmt="{:.2f}")
+        self.weight_image, self.weight_texts = heatmap(
+            weight_axes, torch.zeros(T, T), labels, labels, vmin=0.0, vmax=1.0, cmap=cmap, fmt="{:.2f}"
+        )
         weight_axes.set_title("weights (rows sum to 1)")
         for axes in (score_axes, weight_axes):
             axes.set_xlabel("key")
             axes.set_ylabel("query")
         # the edited token's key column, in both tables
-        self.frames = [Rectangle((-0.5, -0.5), 1, T, fill=False, edgecolor=CHANGED, linewidth=2.5)
-                       for _ in range(2)]
+        self.frames = [Rectangle((-0.5, -0.5), 1, T, fill=False, edgecolor=CHANGED, linewidth=2.5) for _ in range(2)]
         score_axes.add_patch(self.frames[0])
         weight_axes.add_patch(self.frames[1])
         self.bars = self.change_axes.bar(range(T), [0.0] * T, color=UNCHANGED)
@@ -124,8 +127,9 @@ class MaskExplorer(Explorer):
         x, v = self.edited()
         weights = _expect_shape("attention_weights", call_learner(self.attention_weights, x, x, mask), (T, T))
         output = _expect_shape("attention", call_learner(self.attention, x, x, v, mask), tuple(v.shape))
-        original = _expect_shape("attention", call_learner(self.attention, self.x, self.x, self.v, mask),
-                                 tuple(v.shape))
+        original = _expect_shape(
+            "attention", call_learner(self.attention, self.x, self.x, self.v, mask), tuple(v.shape)
+        )
         scores = (x @ x.T / math.sqrt(x.shape[1])).double()
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -140,8 +144,9 @@ class MaskExplorer(Explorer):
             value = float(scores[row, col])
             text.set_text("-inf" if value == float("-inf") else f"{value:.2f}")
             text.set_color(_text_color(value == float("-inf"), (value - low) / (high - low)))
-        self.weight_image.set_data(np.ma.masked_where(~mask.numpy(), weights.numpy()) if mask is not None
-                                   else weights.numpy())
+        self.weight_image.set_data(
+            np.ma.masked_where(~mask.numpy(), weights.numpy()) if mask is not None else weights.numpy()
+        )
         for (row, col), text in self.weight_texts.items():
             blocked = mask is not None and not bool(mask[row, col])
             text.set_text(f"{float(weights[row, col]):.2f}")
@@ -162,8 +167,10 @@ class MaskExplorer(Explorer):
             text = f"Move the slider to change {name}; its key column is framed in red."
         else:
             unchanged = [t for t in range(T) if t not in changed]
-            text = (f"{name} changed by {self.change.value:+.1f}: the outputs of tokens "
-                    f"<b>{_listing(changed)}</b> moved; tokens <b>{_listing(unchanged)}</b> did not move at all.")
+            text = (
+                f"{name} changed by {self.change.value:+.1f}: the outputs of tokens "
+                f"<b>{_listing(changed)}</b> moved; tokens <b>{_listing(unchanged)}</b> did not move at all."
+            )
             if mask is None and any(t < j for t in changed):
                 text += " Without the mask, earlier tokens see the future."
         self.summary.value = text
@@ -183,7 +190,9 @@ class CacheMaskViewer(Explorer):
 
     def __init__(self, causal_mask, T: int = 3, S: int = 7):
         self.causal_mask = causal_mask
-        self.query_slider = widgets.IntSlider(T, min=1, max=self.MAX_T, description="queries T").add_class("queries-slider")
+        self.query_slider = widgets.IntSlider(T, min=1, max=self.MAX_T, description="queries T").add_class(
+            "queries-slider"
+        )
         self.key_slider = widgets.IntSlider(S, min=1, max=self.MAX_S, description="keys S").add_class("keys-slider")
         super().__init__([self.query_slider, self.key_slider], figsize=(7.5, 3.6))
         if self.skipped:
@@ -191,8 +200,9 @@ class CacheMaskViewer(Explorer):
         self.summary = widgets.HTML("").add_class("cache-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         self.axes = self.figure.subplots()
-        self.image = self.axes.imshow(np.zeros((T, S)), cmap=ListedColormap(["0.88", "tab:blue"]),
-                                      vmin=0, vmax=1, aspect="auto")
+        self.image = self.axes.imshow(
+            np.zeros((T, S)), cmap=ListedColormap(["0.88", "tab:blue"]), vmin=0, vmax=1, aspect="auto"
+        )
         self.axes.set_xlabel("key position s (grey: blocked, blue: may attend)")
         self.axes.tick_params(which="minor", length=0)
         self.axes.grid(which="minor", color="white", linewidth=1.5)

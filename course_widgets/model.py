@@ -13,6 +13,7 @@
 ``loss_by_position`` and ``plot_loss_by_position`` show what a model does with
 a context longer than the one it was trained on.
 """
+
 from __future__ import annotations
 
 import html
@@ -33,8 +34,10 @@ from .plots import heatmap
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 CORPUS = ASSETS / "tiny_tales.txt"
 
-NO_MODEL = ("Train the model first: run the training cells above (they need your `ModelConfig`, `Llama`, "
-            "`lm_loss` and `lr_at`), then run this cell again.")
+NO_MODEL = (
+    "Train the model first: run the training cells above (they need your `ModelConfig`, `Llama`, "
+    "`lm_loss` and `lr_at`), then run this cell again."
+)
 
 
 def load_corpus(path: Path | str = CORPUS) -> str:
@@ -59,6 +62,7 @@ def _context(model, tokens: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- loss by position
 
+
 @torch.no_grad()
 def loss_by_position(model, windows: torch.Tensor, every: int = 8, chunk_size: int = 16) -> dict:
     """The cross-entropy of predicting token t + 1 at each position t of ``windows`` (N, L).
@@ -74,15 +78,19 @@ def loss_by_position(model, windows: torch.Tensor, every: int = 8, chunk_size: i
     cropped_at = list(range(max_seq_len - 1, windows.shape[1] - 1, every))
     whole, cropped = torch.zeros(windows.shape[1] - 1, dtype=torch.float64), torch.zeros(len(cropped_at))
     for chunk in windows.split(chunk_size):  # a few windows at a time: the attention weights stay small
-        logits = model(chunk[:, :-1])                                               # (n, L-1, V)
+        logits = model(chunk[:, :-1])  # (n, L-1, V)
         losses = F.cross_entropy(logits.transpose(1, 2), chunk[:, 1:], reduction="none")
         whole += losses.sum(dim=0).double()
         for i, t in enumerate(cropped_at):
-            last = model(chunk[:, t + 1 - max_seq_len:t + 1])[:, -1]                   # (n, V): position t
+            last = model(chunk[:, t + 1 - max_seq_len : t + 1])[:, -1]  # (n, V): position t
             cropped[i] += F.cross_entropy(last, chunk[:, t + 1], reduction="sum")
     n = windows.shape[0]
-    return {"whole": whole / n, "cropped_at": cropped_at, "cropped": (cropped.double() / n).tolist(),
-            "max_seq_len": max_seq_len}
+    return {
+        "whole": whole / n,
+        "cropped_at": cropped_at,
+        "cropped": (cropped.double() / n).tolist(),
+        "max_seq_len": max_seq_len,
+    }
 
 
 def plot_loss_by_position(losses: dict, unigram_entropy: float | None = None):
@@ -90,10 +98,15 @@ def plot_loss_by_position(losses: dict, unigram_entropy: float | None = None):
     figure, axes = plt.subplots(figsize=(8, 3.2), layout="constrained")
     whole, max_seq_len = losses["whole"], losses["max_seq_len"]
     axes.axvspan(-0.5, max_seq_len - 0.5, color="tab:green", alpha=0.08, label=f"training window ({max_seq_len})")
-    axes.plot(range(len(whole)), whole.numpy(), color="tab:blue", linewidth=1.2,
-              label="reading everything before it")
-    axes.plot(losses["cropped_at"], losses["cropped"], "o-", color="tab:orange", markersize=4,
-              label=f"reading only the last {max_seq_len} tokens")
+    axes.plot(range(len(whole)), whole.numpy(), color="tab:blue", linewidth=1.2, label="reading everything before it")
+    axes.plot(
+        losses["cropped_at"],
+        losses["cropped"],
+        "o-",
+        color="tab:orange",
+        markersize=4,
+        label=f"reading only the last {max_seq_len} tokens",
+    )
     if unigram_entropy is not None:
         axes.axhline(unigram_entropy, linestyle="--", color="0.4", label=f"unigram entropy {unigram_entropy:.2f}")
     axes.set_xlabel("position t (predicting the character after it)")
@@ -105,6 +118,7 @@ def plot_loss_by_position(losses: dict, unigram_entropy: float | None = None):
 
 # ---------------------------------------------------------------- training loss
 
+
 class TrainingMonitor(Explorer):
     """The training loss, drawn live while a training loop calls ``record``.
 
@@ -115,8 +129,7 @@ class TrainingMonitor(Explorer):
 
     css_class = "training-monitor"
 
-    def __init__(self, unigram_entropy: float | None = None, total_steps: int = 100,
-                 redraw_seconds: float = 0.5):
+    def __init__(self, unigram_entropy: float | None = None, total_steps: int = 100, redraw_seconds: float = 0.5):
         self.unigram_entropy, self.total_steps = unigram_entropy, total_steps
         self.redraw_seconds = redraw_seconds
         self.steps: list[int] = []
@@ -140,8 +153,7 @@ class TrainingMonitor(Explorer):
         (self.smooth_line,) = axes.plot([], [], color="tab:blue", linewidth=2, label="moving average")
         (self.val_line,) = axes.plot([], [], "o-", color="tab:orange", label="validation loss")
         if unigram_entropy is not None:
-            axes.axhline(unigram_entropy, linestyle="--", color="0.4",
-                         label=f"unigram entropy {unigram_entropy:.2f}")
+            axes.axhline(unigram_entropy, linestyle="--", color="0.4", label=f"unigram entropy {unigram_entropy:.2f}")
         axes.set_xlim(0, max(total_steps, 1))
         axes.set_ylim(0, 5)
         axes.set_xlabel("step")
@@ -183,8 +195,7 @@ class TrainingMonitor(Explorer):
         top = max(self.losses[: max(1, len(self.losses))])
         self.axes.set_ylim(0, max(top, self.unigram_entropy or 0) * 1.08)
         self.axes.set_xlim(0, max(self.total_steps, self.steps[-1] + 1))
-        text = (f"step {self.steps[-1]}: loss {self.losses[-1]:.3f}, "
-                f"moving average {self.smoothed()[-1]:.3f}")
+        text = f"step {self.steps[-1]}: loss {self.losses[-1]:.3f}, moving average {self.smoothed()[-1]:.3f}"
         if self.val_losses:
             text += f", validation {self.val_losses[-1]:.3f}"
         if self.unigram_entropy is not None:
@@ -224,6 +235,7 @@ class TrainingMonitor(Explorer):
 
 # ---------------------------------------------------------------- attention maps
 
+
 def attention_maps(model, tokens: torch.Tensor, apply_rope, attention_weights, causal_mask) -> torch.Tensor:
     """(n_layers, n_heads, T, T) attention weights of ``model`` on ``tokens`` (1, T).
 
@@ -233,8 +245,9 @@ def attention_maps(model, tokens: torch.Tensor, apply_rope, attention_weights, c
     key/value head h // (n_heads / n_kv_heads).
     """
     inputs = []
-    hooks = [layer.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
-             for layer in model.layers]
+    hooks = [
+        layer.attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0])) for layer in model.layers
+    ]
     try:
         with torch.no_grad():
             model(tokens)
@@ -273,18 +286,25 @@ class AttentionMaps(Explorer):
         n_layers = getattr(config, "n_layers", 1) if _is_model(model) else 1
         n_heads = getattr(config, "n_heads", 1) if _is_model(model) else 1
         T = max(len(text), 2)
-        self.layer = widgets.IntSlider(n_layers - 1, min=0, max=max(n_layers - 1, 0), description="layer").add_class("layer-slider")
+        self.layer = widgets.IntSlider(n_layers - 1, min=0, max=max(n_layers - 1, 0), description="layer").add_class(
+            "layer-slider"
+        )
         self.head = widgets.IntSlider(0, min=0, max=max(n_heads - 1, 0), description="head").add_class("head-slider")
         self.query = widgets.IntSlider(T - 1, min=0, max=T - 1, description="query").add_class("query-slider")
-        self.text = widgets.Text(text, description="text", continuous_update=False,
-                                 layout=widgets.Layout(width="420px")).add_class("text-box")
+        self.text = widgets.Text(
+            text, description="text", continuous_update=False, layout=widgets.Layout(width="420px")
+        ).add_class("text-box")
         super().__init__([self.text, self.layer, self.head, self.query], figsize=(9, 4.2))
         if self.skipped:
             return
         self.shaded = widgets.HTML("").add_class("attention-text")
-        self.children = (widgets.HBox([self.text]).add_class("explorer-controls"),
-                         widgets.HBox([self.layer, self.head, self.query]).add_class("explorer-controls"),
-                         self.view, self.shaded, self.message)
+        self.children = (
+            widgets.HBox([self.text]).add_class("explorer-controls"),
+            widgets.HBox([self.layer, self.head, self.query]).add_class("explorer-controls"),
+            self.view,
+            self.shaded,
+            self.message,
+        )
         self.heat_axes, self.bar_axes = self.figure.subplots(1, 2, width_ratios=[1, 1.25])
         self.maps = None
         self._built_for = None
@@ -320,8 +340,9 @@ class AttentionMaps(Explorer):
             raise LearnerFunctionProblem(
                 f"The text has a character the model does not know ({error}); use the corpus's characters."
             ) from None
-        maps = call_learner(attention_maps, self.model, tokens, self.apply_rope, self.attention_weights,
-                            self.causal_mask)
+        maps = call_learner(
+            attention_maps, self.model, tokens, self.apply_rope, self.attention_weights, self.causal_mask
+        )
         with torch.no_grad():
             self.next_probs = torch.softmax(self.model(tokens)[0].double(), dim=-1)  # (T, V)
         self.maps, self.chars = maps, list(text)
@@ -354,14 +375,18 @@ class AttentionMaps(Explorer):
                 style += " outline: 2px solid black;"
             spans.append(f'<span style="{style}">{html.escape(show_char(c))}</span>')
         top = torch.topk(self.next_probs[t], 3)
-        guesses = ", ".join(f"“{html.escape(show_char(self.decode([int(i)])))}” {float(p):.2f}"
-                            for p, i in zip(top.values, top.indices))
-        self.shaded.value = (f'<span style="font-family: monospace; font-size: 15px;">{"".join(spans)}</span>'
-                             f"<br>after “{html.escape(''.join(self.chars[max(0, t - 11): t + 1]))}” "
-                             f"the model expects: {guesses}")
+        guesses = ", ".join(
+            f"“{html.escape(show_char(self.decode([int(i)])))}” {float(p):.2f}" for p, i in zip(top.values, top.indices)
+        )
+        self.shaded.value = (
+            f'<span style="font-family: monospace; font-size: 15px;">{"".join(spans)}</span>'
+            f"<br>after “{html.escape(''.join(self.chars[max(0, t - 11) : t + 1]))}” "
+            f"the model expects: {guesses}"
+        )
 
 
 # ---------------------------------------------------------------- generation
+
 
 class GenerationExplorer(Explorer):
     """Write with the trained model through the learner's ``generate``.
@@ -375,36 +400,47 @@ class GenerationExplorer(Explorer):
     css_class = "generation-explorer"
     SHOWN = 16  # bars: the most likely characters
 
-    def __init__(self, generate, model, encode, decode, prompt: str = "The ", samples: int = 400,
-                 length: int = 200):
+    def __init__(self, generate, model, encode, decode, prompt: str = "The ", samples: int = 400, length: int = 200):
         self.generate, self.model, self.encode, self.decode = generate, model, encode, decode
         self.samples = samples
         vocab = getattr(getattr(model, "config", None), "vocab_size", 64)
         self.prompt = widgets.Text(prompt, description="prompt", continuous_update=False).add_class("prompt-box")
-        self.temperature = widgets.FloatSlider(0.8, min=0.0, max=2.0, step=0.1, description="temperature",
-                                               style={"description_width": "initial"}).add_class("temperature-slider")
-        self.top_k = widgets.IntSlider(0, min=0, max=vocab, description="top-k (0: off)",
-                                       style={"description_width": "initial"}).add_class("top-k-slider")
-        self.length = widgets.IntSlider(length, min=10, max=600, step=10, description="length").add_class("length-slider")
+        self.temperature = widgets.FloatSlider(
+            0.8, min=0.0, max=2.0, step=0.1, description="temperature", style={"description_width": "initial"}
+        ).add_class("temperature-slider")
+        self.top_k = widgets.IntSlider(
+            0, min=0, max=vocab, description="top-k (0: off)", style={"description_width": "initial"}
+        ).add_class("top-k-slider")
+        self.length = widgets.IntSlider(length, min=10, max=600, step=10, description="length").add_class(
+            "length-slider"
+        )
         self.seed = widgets.IntText(0, description="seed", layout=widgets.Layout(width="140px")).add_class("seed-box")
         self.button = widgets.Button(description="Generate", button_style="primary").add_class("generate-button")
         super().__init__([self.prompt, self.temperature, self.top_k], figsize=(8.5, 2.8))
         if self.skipped:
             return
         self.output = widgets.HTML("").add_class("generated-text")
-        self.children = (self.children[0], widgets.HBox([self.length, self.seed, self.button]),
-                         *self.children[1:-1], self.output, self.children[-1])
+        self.children = (
+            self.children[0],
+            widgets.HBox([self.length, self.seed, self.button]),
+            *self.children[1:-1],
+            self.output,
+            self.children[-1],
+        )
         self.button.on_click(lambda _button: self.write())
         self.axes = self.figure.subplots()
-        self.bars = self.axes.bar(range(self.SHOWN), [0.0] * self.SHOWN, color="tab:green",
-                                  label=f"share of {samples} samples")
+        self.bars = self.axes.bar(
+            range(self.SHOWN), [0.0] * self.SHOWN, color="tab:green", label=f"share of {samples} samples"
+        )
         (self.exact,) = self.axes.plot([], [], "o", color="black", markersize=4, label="exact probability")
         # The characters under the bars are texts, not tick labels: they change with most
         # inputs, and data (texts included) is blitted while new tick labels redraw everything
         self.axes.set_xticks([])
         self.axes.set_xlim(-0.6, self.SHOWN - 0.4)
-        self.labels = [self.axes.text(i, -0.02, "", ha="center", va="top", fontsize=10,
-                                      transform=self.axes.get_xaxis_transform()) for i in range(self.SHOWN)]
+        self.labels = [
+            self.axes.text(i, -0.02, "", ha="center", va="top", fontsize=10, transform=self.axes.get_xaxis_transform())
+            for i in range(self.SHOWN)
+        ]
         self.axes.set_ylim(0, 1.02)
         self.axes.set_ylabel("probability")
         self.axes.legend(loc="upper right", fontsize=8)
@@ -476,8 +512,9 @@ class GenerationExplorer(Explorer):
             temperature, top_k = self._settings()
             with torch.random.fork_rng():
                 torch.manual_seed(self.seed.value)
-                out = call_learner(self.generate, self.model, prompt, self.length.value,
-                                   temperature=temperature, top_k=top_k)
+                out = call_learner(
+                    self.generate, self.model, prompt, self.length.value, temperature=temperature, top_k=top_k
+                )
             text = self.decode(out[0].tolist())
         except LearnerFunctionProblem as problem:
             self.show_problem(str(problem))

@@ -1,4 +1,5 @@
 """Small plotting helpers shared by the widgets and the notebooks."""
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,13 @@ def heatmap(axes, values, x_labels, y_labels, vmin=None, vmax=None, cmap="viridi
         for row in range(values.shape[0]):
             for col in range(values.shape[1]):
                 texts[row, col] = axes.text(
-                    col, row, fmt.format(float(values[row, col])), ha="center", va="center",
-                    color="white", fontsize=9,
+                    col,
+                    row,
+                    fmt.format(float(values[row, col])),
+                    ha="center",
+                    va="center",
+                    color="white",
+                    fontsize=9,
                 )
     return image, texts
 

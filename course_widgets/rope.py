@@ -12,6 +12,7 @@
 All three call the learner's own functions (``apply_rope``, ``rope_frequencies``,
 ``neighbour_to_half_split``) through ``call_learner``.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,7 @@ def _expect_shape(name: str, value, shape: tuple) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
     if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(
-            f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}."
-        )
+        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
     return value.detach().to(torch.float64)
 
 
@@ -47,6 +46,7 @@ def _unit_pairs(n_positions: int, head_dim: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------- one pair turning
 
+
 class PairRotation(Explorer):
     """Pair i of a vector whose pairs all start at (1, 0), rotated to position m.
 
@@ -57,14 +57,15 @@ class PairRotation(Explorer):
 
     css_class = "rope-rotation"
 
-    def __init__(self, apply_rope, rope_frequencies, head_dim: int = 16, base: float = 10000.0,
-                 max_position: int = 100):
+    def __init__(
+        self, apply_rope, rope_frequencies, head_dim: int = 16, base: float = 10000.0, max_position: int = 100
+    ):
         self.apply_rope, self.rope_frequencies = apply_rope, rope_frequencies
         self.head_dim, self.base = head_dim, base
         self.position = widgets.IntSlider(3, min=0, max=max_position, description="position m").add_class(
-            "position-slider")
-        self.pair = widgets.IntSlider(0, min=0, max=head_dim // 2 - 1, description="pair i").add_class(
-            "pair-slider")
+            "position-slider"
+        )
+        self.pair = widgets.IntSlider(0, min=0, max=head_dim // 2 - 1, description="pair i").add_class("pair-slider")
         super().__init__([self.position, self.pair], figsize=(9, 3.4))
         if self.skipped:
             return
@@ -112,7 +113,7 @@ class PairRotation(Explorer):
             (m + 1, d),
         )
         self.theta, self.rotated = theta, rotated
-        pair_path = rotated[:, 2 * i: 2 * i + 2].numpy()   # (m + 1, 2): the pair at positions 0 .. m
+        pair_path = rotated[:, 2 * i : 2 * i + 2].numpy()  # (m + 1, 2): the pair at positions 0 .. m
         x, y = pair_path[-1]
         self.trail.set_data(pair_path[:, 0], pair_path[:, 1])
         self.arrow.set_data([0, x], [0, y])
@@ -141,6 +142,7 @@ class PairRotation(Explorer):
 
 
 # ---------------------------------------------------------------- score vs (m, n)
+
 
 def _worked_example():
     """One pair with θ = 0.5: d = 4 and base = 4 give θ = (1, 0.5); pair 0 stays zero."""
@@ -171,15 +173,17 @@ class RelativeScores(Explorer):
         self.apply_rope, self.n_positions = apply_rope, n_positions
         N = n_positions
         compact = dict(style={"description_width": "initial"}, layout=widgets.Layout(width="210px"))
-        self.example = widgets.Dropdown(options=list(self.EXAMPLES), description="q and k",
-                                        style={"description_width": "initial"},
-                                        layout=widgets.Layout(width="290px")).add_class("example-choice")
-        self.query_position = widgets.IntSlider(3, min=0, max=N - 1, description="m", **compact).add_class(
-            "m-slider")
-        self.key_position = widgets.IntSlider(1, min=0, max=N - 1, description="n", **compact).add_class(
-            "n-slider")
-        self.offset = widgets.IntSlider(0, min=0, max=3000, step=100, description="shift both by",
-                                        **compact).add_class("offset-slider")
+        self.example = widgets.Dropdown(
+            options=list(self.EXAMPLES),
+            description="q and k",
+            style={"description_width": "initial"},
+            layout=widgets.Layout(width="290px"),
+        ).add_class("example-choice")
+        self.query_position = widgets.IntSlider(3, min=0, max=N - 1, description="m", **compact).add_class("m-slider")
+        self.key_position = widgets.IntSlider(1, min=0, max=N - 1, description="n", **compact).add_class("n-slider")
+        self.offset = widgets.IntSlider(0, min=0, max=3000, step=100, description="shift both by", **compact).add_class(
+            "offset-slider"
+        )
         super().__init__([self.example, self.query_position, self.key_position, self.offset], figsize=(9, 3.8))
         if self.skipped:
             return
@@ -194,8 +198,9 @@ class RelativeScores(Explorer):
         self.heat_axes.set_ylabel("query position m")
         self.ticks = list(range(0, N, 3))
         (self.cloud,) = self.curve_axes.plot([], [], "o", color="tab:blue", markersize=4, alpha=0.5)
-        (self.chosen,) = self.curve_axes.plot([], [], "o", markersize=11, markerfacecolor="none",
-                                              markeredgecolor="black", markeredgewidth=2)
+        (self.chosen,) = self.curve_axes.plot(
+            [], [], "o", markersize=11, markerfacecolor="none", markeredgecolor="black", markeredgewidth=2
+        )
         self.curve_axes.axvline(0, color="0.85", linewidth=0.8, zorder=0)
         self.curve_axes.set_xlabel("distance m − n")
         self.curve_axes.set_ylabel("score q·k")
@@ -214,7 +219,7 @@ class RelativeScores(Explorer):
         q, k, base = self.EXAMPLES[self.example.value]()
         first = self.offset.value
         positions = torch.arange(first, first + N)
-        scores = self.rotated(q, positions, base) @ self.rotated(k, positions, base).T   # (N, N): [m, n]
+        scores = self.rotated(q, positions, base) @ self.rotated(k, positions, base).T  # (N, N): [m, n]
         self.scores = scores
         m, n = self.query_position.value, self.key_position.value
         # 3 digits: shifting both positions changes the scores only by rounding noise
@@ -232,7 +237,7 @@ class RelativeScores(Explorer):
         self.chosen.set_data([m - n], [float(scores[m, n])])
         self.curve_axes.set_ylim(-1.1 * limit, 1.1 * limit)
 
-        diagonal = torch.diagonal(scores, offset=n - m)   # every cell with the same m - n
+        diagonal = torch.diagonal(scores, offset=n - m)  # every cell with the same m - n
         self.diagonal_spread = float(diagonal.max() - diagonal.min())
         self.readout.value = (
             f"q at position {first + m}, k at position {first + n} (distance m − n = {m - n}): "
@@ -242,6 +247,7 @@ class RelativeScores(Explorer):
 
 
 # ---------------------------------------------------------------- neighbour vs half-split
+
 
 class PairingExplorer(Explorer):
     """Which dimensions are paired: neighbours (2i, 2i+1) and half-split (i, i + d/2).
@@ -257,11 +263,11 @@ class PairingExplorer(Explorer):
 
     def __init__(self, neighbour_to_half_split, head_dim: int = 8):
         self.neighbour_to_half_split = neighbour_to_half_split
-        self.head_dim = widgets.ToggleButtons(options=self.HEAD_DIMS, value=head_dim,
-                                              description="head_dim").add_class("head-dim-choice")
+        self.head_dim = widgets.ToggleButtons(options=self.HEAD_DIMS, value=head_dim, description="head_dim").add_class(
+            "head-dim-choice"
+        )
         self.head_dim.style.button_width = "3em"
-        self.pair = widgets.IntSlider(1, min=0, max=head_dim // 2 - 1, description="pair i").add_class(
-            "pair-slider")
+        self.pair = widgets.IntSlider(1, min=0, max=head_dim // 2 - 1, description="pair i").add_class("pair-slider")
         self._adjusting = False
         super().__init__([self.head_dim, self.pair], figsize=(9, 2.9))
         if self.skipped:
@@ -269,8 +275,7 @@ class PairingExplorer(Explorer):
         self.readout = widgets.HTML("").add_class("rope-pairing-readout")
         self.children = (*self.children[:-1], self.readout, self.children[-1])
         axes = self.axes = self.figure.subplots()
-        colours = dict(cmap=PAIR_COLOURS, vmin=-0.5, vmax=PAIR_COLOURS.N - 0.5, aspect="auto",
-                       interpolation="nearest")
+        colours = dict(cmap=PAIR_COLOURS, vmin=-0.5, vmax=PAIR_COLOURS.N - 0.5, aspect="auto", interpolation="nearest")
         self.top = axes.imshow(np.zeros((1, 8)), extent=(0, 8, 2, 3), **colours)
         self.bottom = axes.imshow(np.zeros((1, 8)), extent=(0, 8, 0, 1), **colours)
         biggest = max(self.HEAD_DIMS)
@@ -308,7 +313,7 @@ class PairingExplorer(Explorer):
             call_learner(self.neighbour_to_half_split, torch.arange(d, dtype=torch.float64)),
             (d,),
         )
-        permutation = moved.round().long()   # slot k of the result holds dimension permutation[k]
+        permutation = moved.round().long()  # slot k of the result holds dimension permutation[k]
         if sorted(permutation.tolist()) != list(range(d)) or not torch.equal(moved, permutation.double()):
             raise LearnerFunctionProblem(
                 f"`neighbour_to_half_split(torch.arange({d}.0))` returned {moved.tolist()}: it should "
@@ -330,16 +335,20 @@ class PairingExplorer(Explorer):
                 lower.set_position((j + 0.5, 0.5))
                 lower.set_text(str(int(permutation[j])))
         self.links.set_segments([[(int(source) + 0.5, 2), (slot + 0.5, 1)] for slot, source in enumerate(permutation)])
-        self.links.set_colors([("black" if int(source) // 2 == i else PAIR_COLOURS(int(source) // 2))
-                               for source in permutation])
+        self.links.set_colors(
+            [("black" if int(source) // 2 == i else PAIR_COLOURS(int(source) // 2)) for source in permutation]
+        )
         self.links.set_linewidths([3.0 if int(source) // 2 == i else 1.2 for source in permutation])
         slots = [int((permutation == 2 * i + c).nonzero()[0]) for c in (0, 1)]
         for frame, (x, y) in zip(self.frames, [(2 * i, 2), (2 * i + 1, 2), (slots[0], 0), (slots[1], 0)]):
             frame.set_xy((x, y))
         self.axes.set_xlim(-0.05, d + 0.05)
         expected = [i, i + d // 2]
-        verdict = ("✓ as in the half-split layout" if slots == expected
-                   else f"✗ the half-split layout puts it at slots ({expected[0]}, {expected[1]})")
+        verdict = (
+            "✓ as in the half-split layout"
+            if slots == expected
+            else f"✗ the half-split layout puts it at slots ({expected[0]}, {expected[1]})"
+        )
         self.readout.value = (
             f"pair {i}: dimensions ({2 * i}, {2 * i + 1}) in the neighbour layout go to slots "
             f"<b>({slots[0]}, {slots[1]})</b> through your <code>neighbour_to_half_split</code>, {verdict}. "

@@ -24,6 +24,7 @@ fresh gradebook: the notebooks per second one writer sustains. From that and
 the measured worker seconds per notebook a sizing table follows: minutes to
 grade a class of a given size with a given number of workers. Nothing is asserted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,12 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # ---------------------------------------------------------------- the class
 
+
 def make_course(root: Path, only: list[str] | None = None) -> list[str]:
     """A course copy in ``root`` (config, solutions, a fresh gradebook and release); its assignments."""
-    from traitlets.config.loader import PyFileConfigLoader
-
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
 
     root.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPOSITORY / "nbgrader_config.py", root)
@@ -70,8 +71,11 @@ def make_course(root: Path, only: list[str] | None = None) -> list[str]:
 
 
 def _answer_cells(notebook) -> dict:
-    return {c.metadata["nbgrader"]["grade_id"]: c for c in notebook.cells
-            if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata["nbgrader"].get("grade")}
+    return {
+        c.metadata["nbgrader"]["grade_id"]: c
+        for c in notebook.cells
+        if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata["nbgrader"].get("grade")
+    }
 
 
 def _bug(kind: str, stub: str, reference: str) -> str:
@@ -108,13 +112,19 @@ def submit_class(root: Path, assignments: list[str], students: int, seed: int, c
             elif draw < 0.75:
                 kind = "one exercise wrong"
                 gid = rng.choice(names)
-                answers[gid].source = _bug(rng.choice(["unfinished", "no-return", "crash"]),
-                                           _answer_cells(released)[gid].source, references[gid])
+                answers[gid].source = _bug(
+                    rng.choice(["unfinished", "no-return", "crash"]),
+                    _answer_cells(released)[gid].source,
+                    references[gid],
+                )
             elif draw < 0.87:
                 kind = "two exercises wrong"
                 for gid in rng.sample(names, min(2, len(names))):
-                    answers[gid].source = _bug(rng.choice(["unfinished", "no-return", "crash"]),
-                                               _answer_cells(released)[gid].source, references[gid])
+                    answers[gid].source = _bug(
+                        rng.choice(["unfinished", "no-return", "crash"]),
+                        _answer_cells(released)[gid].source,
+                        references[gid],
+                    )
             elif draw < 0.93:
                 kind = "syntax error"
                 gid = rng.choice(names)
@@ -135,6 +145,7 @@ def submit_class(root: Path, assignments: list[str], students: int, seed: int, c
 
 
 # ---------------------------------------------------------------- measuring
+
 
 def _pss(pid: int) -> int | None:
     """Proportional set size in bytes: shared pages count once in all (forked kernels share torch)."""
@@ -183,7 +194,7 @@ class PeakMemory:
                 total += rss[pid]
                 pss = _pss(pid)
                 proportional += rss[pid] if pss is None else pss
-        return proportional / 2 ** 20, total / 2 ** 20
+        return proportional / 2**20, total / 2**20
 
     def _run(self):
         while not self._stop.wait(0.1):
@@ -230,8 +241,6 @@ def grades(root: Path) -> dict:
     return found
 
 
-
-
 def run_stats(root: Path) -> dict:
     """What the grade command recorded about its own run (``coursework/.work/last-run.json``)."""
     path = root / "coursework" / ".work" / "last-run.json"
@@ -248,9 +257,11 @@ def worker_seconds(root: Path) -> list[float]:
 
 # ---------------------------------------------------------------- the rows
 
+
 class Row:
-    def __init__(self, label: str, wall: float, notebooks: int, memory: tuple, cpu: float, stats: dict | None,
-                 agree: str = ""):
+    def __init__(
+        self, label: str, wall: float, notebooks: int, memory: tuple, cpu: float, stats: dict | None, agree: str = ""
+    ):
         self.label, self.wall, self.notebooks, self.memory, self.cpu = label, wall, notebooks, memory, cpu
         self.stats, self.agree = stats, agree
 
@@ -261,12 +272,13 @@ class Row:
             main = f"{self.stats['main_cpu_seconds'] / max(1, self.stats['notebooks']):>13.3f}"
         else:
             commit = main = f"{'-':>13}"
-        return (f"{self.label:<34}{self.wall:>8.1f}{rate:>8.2f}{commit}{main}{self.memory[0]:>9.0f}"
-                f"{self.cpu:>8.1f}  {self.agree}")
+        return (
+            f"{self.label:<34}{self.wall:>8.1f}{rate:>8.2f}{commit}{main}{self.memory[0]:>9.0f}"
+            f"{self.cpu:>8.1f}  {self.agree}"
+        )
 
 
-HEADER = (f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}"
-          "  grades")
+HEADER = f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}  grades"
 
 
 def stock_row(course: Path, assignments: list[str], notebooks: int) -> Row:
@@ -278,8 +290,11 @@ def stock_row(course: Path, assignments: list[str], notebooks: int) -> Row:
             peak, cpu = (max(peak[0], memory[0]), max(peak[1], memory[1])), cpu + used
             if result.returncode:
                 last = (result.stderr.strip().splitlines() or [""])[-1][:160]
-                print(f"  stock nbgrader {step} {assignment} exited {result.returncode} "
-                      f"(it does when a submission cannot be graded): {last}", flush=True)
+                print(
+                    f"  stock nbgrader {step} {assignment} exited {result.returncode} "
+                    f"(it does when a submission cannot be graded): {last}",
+                    flush=True,
+                )
     return Row("stock nbgrader (one by one)", time.perf_counter() - started, notebooks, peak, cpu, None)
 
 
@@ -290,8 +305,15 @@ def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None)
     wall, memory, cpu, result = _run(GRADE + ["--local", "--workers", str(workers)], course)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
-    return Row(f"./course grade, {workers} worker(s)", wall, notebooks, memory, cpu, run_stats(course),
-               agreement(reference, grades(course)))
+    return Row(
+        f"./course grade, {workers} worker(s)",
+        wall,
+        notebooks,
+        memory,
+        cpu,
+        run_stats(course),
+        agreement(reference, grades(course)),
+    )
 
 
 def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None, logs: Path) -> Row:
@@ -303,8 +325,15 @@ def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None,
         wall, memory, cpu, result = _run(GRADE + ["--scheduler", cluster.address], course)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
-    return Row(f"./course grade on Dask, {workers} workers", wall, notebooks, memory, cpu, run_stats(course),
-               agreement(reference, grades(course)))
+    return Row(
+        f"./course grade on Dask, {workers} workers",
+        wall,
+        notebooks,
+        memory,
+        cpu,
+        run_stats(course),
+        agreement(reference, grades(course)),
+    )
 
 
 def agreement(reference: dict | None, found: dict) -> str:
@@ -316,13 +345,14 @@ def agreement(reference: dict | None, found: dict) -> str:
 
 # ---------------------------------------------------------------- the writer alone
 
+
 def writer_rate(base: Path, count: int) -> float:
     """Notebooks per second the real writer commits: ``count`` synthetic results of one assignment
     (the reference notebook, its scores, comments and feedback page made once, as a worker would)."""
-    from autograder.judging.feedback import FeedbackPages
     from autograder.engine.course import CourseFolder
-    from autograder.grade import quiet_library_warnings
     from autograder.engine.job import Result, grades_of
+    from autograder.grade import quiet_library_warnings
+    from autograder.judging.feedback import FeedbackPages
     from autograder.judging.writer import Ledger, Writer
 
     quiet_library_warnings()
@@ -337,15 +367,28 @@ def writer_rate(base: Path, count: int) -> float:
         cell.source = _answer_cells(solution)[gid].source
     text = nbformat.writes(released)
     scores, comments = grades_of(released)
-    page = FeedbackPages(course.config).render(text, "student", assignment, assignment, grades=scores,
-                                               comments=comments)
+    page = FeedbackPages(course.config).render(
+        text, "student", assignment, assignment, grades=scores, comments=comments
+    )
     ledger = Ledger(course.work / "grading.sqlite")
     writer = Writer(course.coursedir, course.config, course.db_url, ledger)
     try:
         started = time.perf_counter()
         for number in range(count):
-            writer.commit(Result(f"student{number:05d}", assignment, assignment, f"{number}", "x", True, text,
-                                 feedback_html=page, scores=scores, comments=comments))
+            writer.commit(
+                Result(
+                    f"student{number:05d}",
+                    assignment,
+                    assignment,
+                    f"{number}",
+                    "x",
+                    True,
+                    text,
+                    feedback_html=page,
+                    scores=scores,
+                    comments=comments,
+                )
+            )
         return count / (time.perf_counter() - started)
     finally:
         writer.close()
@@ -361,8 +404,10 @@ def sizing(worker_s: float, rate: float, start_s: float) -> list[str]:
                 total = students * notebooks
                 graders, writer = total * worker_s / workers, total / rate
                 minutes = (start_s + max(graders, writer)) / 60
-                lines.append(f"{students:>9}{notebooks:>10}{workers:>8}{minutes:>9.1f}  "
-                             f"({'writer' if writer > graders else 'workers'})")
+                lines.append(
+                    f"{students:>9}{notebooks:>10}{workers:>8}{minutes:>9.1f}  "
+                    f"({'writer' if writer > graders else 'workers'})"
+                )
     return lines
 
 
@@ -387,11 +432,14 @@ def main(argv=None) -> int:
             assignments = make_course(pristine)
             counts = submit_class(pristine, assignments, args.students, args.seed, clean=kind == "clean")
             notebooks = args.students * len(assignments)
-            print(f"\n{kind} class: {args.students} students x {len(assignments)} notebooks = {notebooks} notebooks ("
-                  + ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda x: -x[1])) + ")",
-                  flush=True)
+            print(
+                f"\n{kind} class: {args.students} students x {len(assignments)} notebooks = {notebooks} notebooks ("
+                + ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda x: -x[1]))
+                + ")",
+                flush=True,
+            )
 
-            def fresh(label: str) -> Path:
+            def fresh(label: str, kind: str = kind, pristine: Path = pristine) -> Path:
                 target = base / kind / label
                 shutil.rmtree(target, ignore_errors=True)
                 shutil.copytree(pristine, target, symlinks=True)
@@ -414,23 +462,29 @@ def main(argv=None) -> int:
                 course = fresh("dask")
                 rows.append(dask_row(course, notebooks, args.workers, reference, base / kind))
                 print(rows[-1].line(), flush=True)
-            print(f"\n{kind} class, {notebooks} notebooks, {len(os.sched_getaffinity(0))} cores "
-                  f"(load average {os.getloadavg()[0]:.1f}):")
+            print(
+                f"\n{kind} class, {notebooks} notebooks, {len(os.sched_getaffinity(0))} cores "
+                f"(load average {os.getloadavg()[0]:.1f}):"
+            )
             print(HEADER)
             for row in rows:
                 print(row.line())
-        print("\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
-              "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
-              "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
-              "the command's process tree (a Dask cluster's workers are not in it).")
+        print(
+            "\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
+            "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
+            "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
+            "the command's process tree (a Dask cluster's workers are not in it)."
+        )
         if args.writer:
             rate = writer_rate(base, args.writer)
             print(f"\nthe writer alone: {args.writer} synthetic results committed at {rate:.0f} notebooks/s")
             if per_notebook:
                 worker_s = statistics.fmean(per_notebook)
                 start_s = statistics.fmean(starts) if starts else 10.0
-                print(f"sizing, from {worker_s:.2f} s per notebook on a worker (mean over every graded notebook "
-                      f"above), {rate:.0f} notebooks/s for the writer and {start_s:.0f} s to the first result:")
+                print(
+                    f"sizing, from {worker_s:.2f} s per notebook on a worker (mean over every graded notebook "
+                    f"above), {rate:.0f} notebooks/s for the writer and {start_s:.0f} s to the first result:"
+                )
                 print("\n".join(sizing(worker_s, rate, start_s)))
         return 0
     finally:

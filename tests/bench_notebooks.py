@@ -6,6 +6,7 @@ Run time is the median over N runs of executing all cells (kernel start
 excluded); peak memory is the kernel's high-water mark of resident memory.
 Both are printed, never asserted: figures for the README and issue notes.
 """
+
 import argparse
 import statistics
 import sys
@@ -14,8 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autograder.release import assignments  # noqa: E402
 from notebook_runner import REPOSITORY, execute  # noqa: E402
+
+from autograder.release import assignments  # noqa: E402
 
 
 def main() -> int:
@@ -27,8 +29,10 @@ def main() -> int:
     for assignment in args.assignments or assignments():
         runs = [execute(REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb") for _ in range(args.repeat)]
         failed = [error for run in runs for error in run.errors()]
-        print(f"{assignment:<20} {statistics.median(r.seconds for r in runs):>9.2f} "
-              f"{max(r.peak_rss_mb for r in runs):>8.0f}" + (f"  ERRORS: {failed[:2]}" if failed else ""))
+        print(
+            f"{assignment:<20} {statistics.median(r.seconds for r in runs):>9.2f} "
+            f"{max(r.peak_rss_mb for r in runs):>8.0f}" + (f"  ERRORS: {failed[:2]}" if failed else "")
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ Prints a table: per widget, the median and 90th percentile in milliseconds
 for the README and for issue notes. The course aims at a median of at most
 150 ms for every widget on a 2-core machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autograder.release import assignments  # noqa: E402
 from browser_harness import (  # noqa: E402
-    CHROMIUM, REPOSITORY, JupyterLab, LabNotebook, launch_browser, link_assets, place_in_lab,
+    CHROMIUM,
+    REPOSITORY,
+    JupyterLab,
+    LabNotebook,
+    launch_browser,
+    link_assets,
+    place_in_lab,
 )
+
+from autograder.release import assignments  # noqa: E402
 
 TARGET_MS = 150
 
@@ -90,13 +98,17 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     rows = []
-    with tempfile.TemporaryDirectory(prefix="course-bench-") as root, JupyterLab(link_assets(Path(root))) as lab, \
-            sync_playwright() as playwright:
+    with (
+        tempfile.TemporaryDirectory(prefix="course-bench-") as root,
+        JupyterLab(link_assets(Path(root))) as lab,
+        sync_playwright() as playwright,
+    ):
         browser = launch_browser(playwright)
         for assignment in chosen:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            notebook = LabNotebook(page, lab.url(place_in_lab(
-                lab, REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb")))
+            notebook = LabNotebook(
+                page, lab.url(place_in_lab(lab, REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb"))
+            )
             notebook.open()
             started = time.perf_counter()
             notebook.run_all(timeout_s=900)

@@ -12,6 +12,7 @@ windowing off (every cell rendered, so every prompt can be read); kernel readine
 read from the status bar, not the execution indicator; ipympl draws on a
 <canvas>, compared through toDataURL().
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,13 @@ CHROMIUM = "/usr/bin/chromium"
 REPOSITORY = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPOSITORY / "test-artifacts"  # screenshots (ignored by git)
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -44,8 +50,13 @@ def free_port() -> int:
 class JupyterLab:
     """A JupyterLab server serving ``root_dir`` on 127.0.0.1 until stopped."""
 
-    def __init__(self, root_dir: Path, extra_args: list[str] | None = None, env: dict | None = None,
-                 python: str | Path | None = None):
+    def __init__(
+        self,
+        root_dir: Path,
+        extra_args: list[str] | None = None,
+        env: dict | None = None,
+        python: str | Path | None = None,
+    ):
         self.root_dir = Path(root_dir)
         self.python = str(python or sys.executable)  # the environment the server (and its kernels) run in
         self.port = free_port()
@@ -62,19 +73,32 @@ class JupyterLab:
         self.env = env or {}
         self.process = None
 
-    def start(self) -> "JupyterLab":
+    def start(self) -> JupyterLab:
         scripts = str(Path(self.python).parent)
         env = {**os.environ, "PATH": scripts + os.pathsep + os.environ.get("PATH", ""), **self.env}
         env.pop("NBGRADER_EXECUTION", None)
         self.log = open(self.scratch / "server.log", "w")
         self.process = subprocess.Popen(
-            [self.python, "-m", "jupyter", "lab", "--no-browser",
-             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-             f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
-             f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
-             f"--LabApp.user_settings_dir={self.scratch / 'settings'}",
-             *(["--allow-root"] if os.geteuid() == 0 else []), *self.extra_args],
-            cwd=self.root_dir, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                self.python,
+                "-m",
+                "jupyter",
+                "lab",
+                "--no-browser",
+                "--ServerApp.ip=127.0.0.1",
+                f"--ServerApp.port={self.port}",
+                "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={self.root_dir}",
+                f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
+                f"--LabApp.user_settings_dir={self.scratch / 'settings'}",
+                *(["--allow-root"] if os.geteuid() == 0 else []),
+                *self.extra_args,
+            ],
+            cwd=self.root_dir,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -192,8 +216,10 @@ def launch_browser(playwright):
 def _needs_chromium():
     import pytest
 
-    return [pytest.mark.browser,
-            pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")]
+    return [
+        pytest.mark.browser,
+        pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed"),
+    ]
 
 
 needs_chromium = _needs_chromium()  # pytestmark for browser test modules

@@ -1,5 +1,6 @@
 """Shared fixtures. Helpers for real nbgrader runs live in grading_harness.py and
 grading_suite.py; the JupyterLab-in-chromium harness in browser_harness.py."""
+
 import os
 from pathlib import Path
 
@@ -71,9 +72,8 @@ def lab(tmp_path_factory):
 @pytest.fixture(scope="session")
 def browser():
     """Debian's chromium, headless, driven by playwright."""
-    from playwright.sync_api import sync_playwright
-
     from browser_harness import launch_browser
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = launch_browser(playwright)
@@ -108,8 +108,7 @@ def ran_solution(lab, browser):
                 raise
             opened[assignment] = notebook
         if isinstance(opened[assignment], Exception):
-            raise RuntimeError(f"{assignment}: opening it or Run All failed in an earlier test: "
-                               f"{opened[assignment]!r}")
+            raise RuntimeError(f"{assignment}: opening it or Run All failed in an earlier test: {opened[assignment]!r}")
         return opened[assignment]
 
     yield ran

@@ -25,13 +25,14 @@ MutationObserver the time of the last change of text outside the controls.
 A change's latency is the time of the drawing call (or text mutation) that made
 it, minus the input event's time; it is found within one animation frame.
 """
+
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 # Installed in every page before JupyterLab's own scripts (page.add_init_script).
 PROBE = r"""
@@ -174,7 +175,7 @@ class Explorer:
         self.locator = page.locator(f'[data-course-explorer="{self.id}"]')
 
     @classmethod
-    def all_in(cls, page, scope=None) -> list["Explorer"]:
+    def all_in(cls, page, scope=None) -> list[Explorer]:
         """The explorers in ``page`` (or inside the locator ``scope``), in document order."""
         elements = (scope or page).locator(".course-explorer")
         return [cls(page, elements.nth(i)) for i in range(elements.count())]
@@ -201,7 +202,9 @@ class Explorer:
         return self.page.evaluate("id => window.__courseProbe.drawn(id)", self.id)
 
     def canvas_count(self) -> int:
-        return self.page.evaluate("id => window.__courseProbe.canvases(window.__courseProbe.element(id)).length", self.id)
+        return self.page.evaluate(
+            "id => window.__courseProbe.canvases(window.__courseProbe.element(id)).length", self.id
+        )
 
     def screenshot(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,7 +222,9 @@ class Explorer:
             kind = next((k for k, css in CONTROL_KINDS.items() if css[1:] in classes), None)
             if kind is None or self._disabled(element, kind):
                 continue
-            label = element.locator(".widget-label").first.inner_text() if element.locator(".widget-label").count() else ""
+            label = (
+                element.locator(".widget-label").first.inner_text() if element.locator(".widget-label").count() else ""
+            )
             if kind in ("button", "toggle-button"):
                 label = element.inner_text()
             elif kind == "checkbox":
@@ -294,6 +299,7 @@ class Explorer:
                 page.keyboard.press("Backspace")
                 if control.kind == "text":
                     page.keyboard.press("Enter")
+
             return undo
         raise ValueError(f"no input known for a {control.kind}")
 
@@ -303,6 +309,7 @@ class Explorer:
             self.page.keyboard.press(which)
             if then:
                 self.page.keyboard.press(then)
+
         press(key)
         return lambda: press(back)
 
@@ -352,12 +359,12 @@ class Explorer:
         try:
             handle = self.page.wait_for_function(
                 "([id, pixelsOnly]) => window.__courseProbe.changed(id, pixelsOnly)",
-                arg=[self.id, pixels_only], polling="raf", timeout=timeout_s * 1000,
+                arg=[self.id, pixels_only],
+                polling="raf",
+                timeout=timeout_s * 1000,
             )
         except PlaywrightTimeout:
-            raise AssertionError(
-                f"{self.topic_class}: nothing it shows changed within {timeout_s:.0f} s"
-            ) from None
+            raise AssertionError(f"{self.topic_class}: nothing it shows changed within {timeout_s:.0f} s") from None
         found = handle.json_value()
         self.page.evaluate("window.__courseProbe.armed = false")
         input_at = found["inputAt"]

@@ -12,6 +12,7 @@ A submission starts from the released student notebook with every answer cell
 filled in with the reference answer, then replaces the answers given, so a
 test can get one exercise wrong and check that only that exercise loses points.
 """
+
 from __future__ import annotations
 
 import html
@@ -46,15 +47,18 @@ def nbgrader(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedP
     }
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
-        raise AssertionError(f"nbgrader {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"nbgrader {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
 def grade(course_root: Path, *args: str, env: dict | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
     """The grading command as an instructor runs it (``./course grade`` runs exactly this)."""
     command = [sys.executable, "-m", "autograder.grade", "--quiet", *args]
-    return subprocess.run(command, cwd=course_root, capture_output=True, text=True, timeout=timeout,
-                          env=env or os.environ.copy())
+    return subprocess.run(
+        command, cwd=course_root, capture_output=True, text=True, timeout=timeout, env=env or os.environ.copy()
+    )
 
 
 def sandbox_works() -> bool:
@@ -94,7 +98,7 @@ class Course:
     root: Path  # holds nbgrader_config.py, solutions/, notebooks/, coursework/
 
     @classmethod
-    def create(cls, directory: Path, assignments: list[str] | None = None) -> "Course":
+    def create(cls, directory: Path, assignments: list[str] | None = None) -> Course:
         """A copy of the course in ``directory``, with a fresh gradebook and release."""
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
@@ -116,8 +120,14 @@ class Course:
     def submission_path(self, student: str, assignment: str, filename: str | None = None) -> Path:
         return self.root / "coursework" / "submitted" / student / assignment / (filename or f"{assignment}.ipynb")
 
-    def submit(self, student: str, assignment: str, answers: dict | object | None = None,
-               edit=None, filename: str | None = None) -> Path:
+    def submit(
+        self,
+        student: str,
+        assignment: str,
+        answers: dict | object | None = None,
+        edit=None,
+        filename: str | None = None,
+    ) -> Path:
         """Write a submission: reference answers, overridden by ``answers``.
 
         ``answers=UNTOUCHED`` submits the student version as released.
@@ -183,8 +193,7 @@ class Course:
                         dump[key + (notebook.name, "flagged")] = notebook.flagged
                         dump[key + (notebook.name, "late")] = notebook.late_submission_penalty
                         for grade in notebook.grades:
-                            dump[key + (grade.name,)] = (grade.auto_score, grade.manual_score,
-                                                         grade.needs_manual_grade)
+                            dump[key + (grade.name,)] = (grade.auto_score, grade.manual_score, grade.needs_manual_grade)
                         for comment in notebook.comments:
                             dump[key + (comment.name, "comment")] = (comment.auto_comment, comment.manual_comment)
         return dump

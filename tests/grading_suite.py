@@ -16,6 +16,7 @@ check cell ``grade_id`` = ``"test_" + name``.
 The whole class is graded in one ``nbgrader autograde`` run (class-scoped
 fixture ``graded``), then each test reads the gradebook and the feedback.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,9 @@ import textwrap
 
 import nbformat
 import pytest
+from grading_harness import UNTOUCHED, Course
 
 from autograder.exercises import module_for
-from grading_harness import UNTOUCHED, Course
 
 PATCH_ALLCLOSE = "import torch\ntorch.allclose = lambda *args, **kwargs: True"
 PATCH_NUMPY_TESTING = (
@@ -38,10 +39,15 @@ PATCH_NUMPY_TESTING = (
 
 def insert_after_setup(source: str):
     """An ``edit`` for ``Course.submit``: a new code cell right after the setup cell."""
+
     def edit(notebook):
-        index = next(i for i, cell in enumerate(notebook.cells)
-                     if cell.metadata.get("nbgrader", {}).get("grade_id", "").startswith("setup"))
+        index = next(
+            i
+            for i, cell in enumerate(notebook.cells)
+            if cell.metadata.get("nbgrader", {}).get("grade_id", "").startswith("setup")
+        )
         notebook.cells.insert(index + 1, nbformat.v4.new_code_cell(source))
+
     return edit
 
 

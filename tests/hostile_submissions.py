@@ -6,6 +6,7 @@ and applies its changes; the student id is the entry's id. Used by
 
     python tests/hostile_submissions.py /tmp/course     # a course copy with every fixture submitted
 """
+
 from __future__ import annotations
 
 import copy
@@ -66,8 +67,9 @@ def submit(course: Course, entry: dict) -> Path:
 
     def edit(notebook):
         if "code" in entry:
-            notebook.cells.insert(_index(notebook, entry["insert_after"]) + 1,
-                                  nbformat.v4.new_code_cell(fill(entry["code"], course)))
+            notebook.cells.insert(
+                _index(notebook, entry["insert_after"]) + 1, nbformat.v4.new_code_cell(fill(entry["code"], course))
+            )
         for grade_id, source in (entry.get("edit") or {}).items():
             notebook.cells[_index(notebook, grade_id)].source = source
         for grade_id in entry.get("delete") or []:
@@ -106,10 +108,13 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
 
     expect = entry.get("expect", {})
     student = entry["id"]
-    scores = {cell[len("test_"):]: score for cell, score in course.scores(student, ASSIGNMENT).items()}
-    full = {cell[len("test_"):]: points for cell, points in course.max_scores(ASSIGNMENT).items()}
-    wanted = {name: 0.0 for name in full} if expect.get("all_zero") else {
-        name: (0.0 if name in expect.get("zero", []) else points) for name, points in full.items()}
+    scores = {cell[len("test_") :]: score for cell, score in course.scores(student, ASSIGNMENT).items()}
+    full = {cell[len("test_") :]: points for cell, points in course.max_scores(ASSIGNMENT).items()}
+    wanted = (
+        {name: 0.0 for name in full}
+        if expect.get("all_zero")
+        else {name: (0.0 if name in expect.get("zero", []) else points) for name, points in full.items()}
+    )
     assert scores == wanted, (f"{student}: {entry['what']}", summary.get("messages"))
     assert summary["graded"] == expect.get("graded", True), summary["messages"]
     assert ("not-graded" in summary["flags"]) == (not summary["graded"]), summary["flags"]
@@ -130,7 +135,7 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
         assert not (course.root / relative).exists(), relative
     if expect.get("autograded_max_mb"):
         path = course.root / "coursework" / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-        assert path.stat().st_size < expect["autograded_max_mb"] * 2 ** 20, path.stat().st_size
+        assert path.stat().st_size < expect["autograded_max_mb"] * 2**20, path.stat().st_size
 
 
 if __name__ == "__main__":

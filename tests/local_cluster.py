@@ -4,6 +4,7 @@ machines"): ``./course scheduler`` and ``./course worker`` processes on 127.0.0.
 Used by the Dask tests (``test_grade_distributed.py``) and the grading benchmark
 (``bench_grading.py``); not part of the grader.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,12 +34,16 @@ class LocalCluster:
     def _launch(self, name: str, *arguments: str) -> None:
         with open(self.logs / f"{name}.log", "ab") as log:
             self.processes[name] = subprocess.Popen(
-                [str(REPOSITORY / "course"), *arguments], cwd=REPOSITORY, env=self.env, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                [str(REPOSITORY / "course"), *arguments],
+                cwd=REPOSITORY,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def start_worker(self, name: str, *options: str) -> None:
-        self._launch(name, "worker", self.address, "--host", "127.0.0.1", "--no-dashboard", "--name", name,
-                     *options)
+        self._launch(name, "worker", self.address, "--host", "127.0.0.1", "--no-dashboard", "--name", name, *options)
 
     def wait_for_workers(self, count: int) -> None:
         from distributed import Client

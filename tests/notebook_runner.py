@@ -5,6 +5,7 @@ benchmark (``./course bench``, which prints each notebook's run time and peak
 memory). Kernels start the way nbgrader starts them (the trusted snapshot is
 imported first), so solution notebooks' hidden checks run as in grading.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,8 +69,12 @@ def execute(path: Path, env: dict | None = None, timeout: int = 600) -> Run:
     os.environ.update(env or {})
     try:
         client = NotebookClient(
-            notebook, timeout=timeout, kernel_name="python3", allow_errors=True,
-            resources={"metadata": {"path": str(path.parent)}}, extra_arguments=kernel_arguments(),
+            notebook,
+            timeout=timeout,
+            kernel_name="python3",
+            allow_errors=True,
+            resources={"metadata": {"path": str(path.parent)}},
+            extra_arguments=kernel_arguments(),
         )
         start = time.perf_counter()
         peak = float("nan")

@@ -19,13 +19,14 @@ shows some of them (copied to assets/).
 Nothing here knows a topic: a new notebook with widgets is covered as soon as
 it is in solutions/ with its widget cells tagged.
 """
+
 import json
 from pathlib import Path
 
 import pytest
+from browser_harness import ARTIFACTS, needs_chromium
 
 from autograder.release import assignments
-from browser_harness import ARTIFACTS, needs_chromium
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SCREENSHOTS = ARTIFACTS / "widgets"

@@ -5,6 +5,7 @@ every control changes it; here the topic's own facts are read off the page.
 ``ran_solution`` (conftest.py) gives the solution notebook after its one Run
 All of the session; the page is shared, so each change is undone at the end.
 """
+
 from browser_harness import ARTIFACTS, needs_chromium
 
 pytestmark = needs_chromium
@@ -28,6 +29,8 @@ def test_cache_memory_of_the_learners_cache_halves_in_bfloat16(ran_solution):
     assert "GQA (G = 2): your cache holds 131,072 bytes = kv_cache_bytes 131,072" in memory.text_of(".memory-summary")
     memory.click_on(".dtype-toggle button", has_text="bfloat16")
     text = memory.text_of(".memory-summary")
-    assert "2 bytes a value" in text and "GQA (G = 2): your cache holds 65,536 bytes = kv_cache_bytes 65,536" in text, text
+    assert "2 bytes a value" in text and "GQA (G = 2): your cache holds 65,536 bytes = kv_cache_bytes 65,536" in text, (
+        text
+    )
     memory.screenshot(ARTIFACTS / "kv-cache-memory.png")
     memory.click_on(".dtype-toggle button", has_text="float32")

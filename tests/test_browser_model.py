@@ -6,6 +6,7 @@ every control changes it; here the topic's own facts are read off the page.
 All of the session, with the full training (about a minute); the page is
 shared, so each change is undone at the end.
 """
+
 import re
 
 from browser_harness import ARTIFACTS, needs_chromium
@@ -18,13 +19,20 @@ NOTEBOOK = "07_llama"
 def training_report(notebook) -> dict:
     """The numbers the training cell printed at its end."""
     text = notebook.page.locator(".jp-OutputArea-output", has_text="loss on training text").inner_text()
-    found = re.search(r"loss on training text ([\d.]+), on held-out text ([\d.]+) nats per character; "
-                      r"unigram entropy ([\d.]+)", text)
+    found = re.search(
+        r"loss on training text ([\d.]+), on held-out text ([\d.]+) nats per character; "
+        r"unigram entropy ([\d.]+)",
+        text,
+    )
     assert found, text
     stopped = re.search(r"stopped after (\d+) steps", text)
     train, held_out, entropy = map(float, found.groups())
-    return {"train": train, "held_out": held_out, "entropy": entropy,
-            "steps": int(stopped.group(1)) if stopped else 250}
+    return {
+        "train": train,
+        "held_out": held_out,
+        "entropy": entropy,
+        "steps": int(stopped.group(1)) if stopped else 250,
+    }
 
 
 def test_training_ends_clearly_below_the_unigram_entropy_and_the_monitor_shows_it(ran_solution):

@@ -5,6 +5,7 @@ every control changes it; here the topic's own facts are read off the page.
 ``ran_solution`` (conftest.py) gives the solution notebook after its one Run
 All of the session; the page is shared, so each change is undone at the end.
 """
+
 from browser_harness import ARTIFACTS, needs_chromium
 
 pytestmark = needs_chromium

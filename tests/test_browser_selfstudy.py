@@ -10,15 +10,16 @@ whose kernels have no ``solutions/`` (class mode) shows the class-mode lines
 and no line of solution code, in the page or in the saved notebook.
 Screenshots land in test-artifacts/selfstudy/ (the README's come from there).
 """
+
 import json
-import shutil
 import time
 
 import pytest
+from browser_harness import ARTIFACTS, REPOSITORY, JupyterLab, LabNotebook, link_assets, needs_chromium, place_in_lab
 
 from autograder import reference
 from autograder.exercises import exercise
-from browser_harness import ARTIFACTS, REPOSITORY, JupyterLab, LabNotebook, link_assets, needs_chromium, place_in_lab
+
 VIEWPORT = {"width": 1400, "height": 1000}
 
 pytestmark = needs_chromium
@@ -27,8 +28,10 @@ ASSIGNMENT = "01_attention"
 STUDENT = REPOSITORY / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 SCREENSHOTS = ARTIFACTS / "selfstudy"
 NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
-RIGHT_SOFTMAX = ("def softmax(x, dim=-1):\n    e = torch.exp(x - x.max(dim=dim, keepdim=True).values)\n"
-                 "    return e / e.sum(dim=dim, keepdim=True)\n")
+RIGHT_SOFTMAX = (
+    "def softmax(x, dim=-1):\n    e = torch.exp(x - x.max(dim=dim, keepdim=True).values)\n"
+    "    return e / e.sum(dim=dim, keepdim=True)\n"
+)
 
 
 def cell_index(grade_id: str) -> int:
@@ -38,14 +41,17 @@ def cell_index(grade_id: str) -> int:
 
 def hint_cell_index(name: str) -> int:
     cells = json.loads(STUDENT.read_text())["cells"]
-    return next(i for i, c in enumerate(cells) if f"Hint 1 of" in "".join(c["source"])
-                and f"<code>{name}</code>" in "".join(c["source"]))
+    return next(
+        i
+        for i, c in enumerate(cells)
+        if "Hint 1 of" in "".join(c["source"]) and f"<code>{name}</code>" in "".join(c["source"])
+    )
 
 
 def solution_lines(assignment: str) -> list[str]:
     """The reference's answer lines (between nbgrader's markers), long enough to be telling."""
     lines = []
-    for grade_id, source in reference.source_cells(assignment):
+    for _grade_id, source in reference.source_cells(assignment):
         inside = False
         for line in source.splitlines():
             if line.strip() == "### BEGIN SOLUTION":

@@ -16,6 +16,7 @@ course, as on Binder, and the tests check in chromium:
 * Validate on a student notebook lists its failing exercises; once the answer
   cells hold correct code (typed into the editor), Validate reports success.
 """
+
 import hashlib
 import json
 import os
@@ -28,15 +29,27 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from browser_harness import REPOSITORY, JupyterLab, LabNotebook, needs_chromium
 
 pytestmark = needs_chromium
 
 VALIDATED = "01_attention"  # the student notebook whose Validate button is pressed
 COURSE_COPY_IGNORES = shutil.ignore_patterns(
-    ".venv", ".git", "test-artifacts", "__pycache__", "*.egg-info", ".pytest_cache", ".ipynb_checkpoints",
-    "gradebook.db*", "submitted", "autograded", "feedback", "exchange", "release", "reports", ".work",
+    ".venv",
+    ".git",
+    "test-artifacts",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+    "gradebook.db*",
+    "submitted",
+    "autograded",
+    "feedback",
+    "exchange",
+    "release",
+    "reports",
+    ".work",
 )
 
 
@@ -53,8 +66,12 @@ def throwaway_environment(root: Path) -> tuple[Path, dict]:
     env = root / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     python = env / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # the course's packages, without running their .pth files: the course's own
     # package comes from postBuild's `pip install -e .`, as on Binder
     (Path(purelib) / "course-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -83,8 +100,14 @@ def student_lab(tmp_path_factory):
     course_config = Path(sys.prefix) / "etc" / "jupyter"
     before = digest(course_config)
     environment = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"} | variables
-    result = subprocess.run(["bash", str(REPOSITORY / "postBuild")], cwd=REPOSITORY, env=environment,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        ["bash", str(REPOSITORY / "postBuild")],
+        cwd=REPOSITORY,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, f"postBuild failed:\n{result.stdout}\n{result.stderr}"
     assert digest(course_config) == before, "postBuild changed the course's own environment"
     course = root / "course"
@@ -144,7 +167,9 @@ def reference_answers(assignment: str) -> dict[str, str]:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if meta.get("solution") and not meta.get("grade") and cell["cell_type"] == "code":
             lines = "".join(cell["source"]).splitlines()
-            answers[meta["grade_id"]] = "\n".join(l for l in lines if l.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION"))
+            answers[meta["grade_id"]] = "\n".join(
+                line for line in lines if line.strip() not in ("### BEGIN SOLUTION", "### END SOLUTION")
+            )
     return answers
 
 
@@ -163,9 +188,12 @@ def press_validate(page) -> str:
 def test_validate_lists_the_failing_exercises_then_passes_once_they_are_answered(student_lab, browser):
     path = f"notebooks/{VALIDATED}/{VALIDATED}.ipynb"
     student = json.loads((student_lab.root_dir / path).read_text())
-    graded_checks = [cell for cell in student["cells"]
-                     if cell.get("metadata", {}).get("nbgrader", {}).get("grade")
-                     and not cell["metadata"]["nbgrader"].get("solution")]
+    graded_checks = [
+        cell
+        for cell in student["cells"]
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade")
+        and not cell["metadata"]["nbgrader"].get("solution")
+    ]
     answers = reference_answers(VALIDATED)
     assert graded_checks and answers
 

@@ -1,6 +1,7 @@
 """The set-up: the package sets and their locks agree with each other and with conda's
 file, Binder's files say what they should, and the entry point's set-up is a no-op
 when nothing changed."""
+
 import json
 import os
 import re
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -79,8 +79,14 @@ def test_conda_file_holds_the_student_set_pin_for_pin():
 def test_conda_file_versions_are_the_student_lock_versions():
     """conda-forge has no hashes of PyPI's files, but its versions are the ones pip's lock installs
     (on Binder's Python, 3.12)."""
-    binder = {"python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux",
-              "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix"}
+    binder = {
+        "python_version": "3.12",
+        "python_full_version": "3.12.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+    }
     locked = locked_versions("student", binder)
     for name, version in conda_pins().items():
         if name not in NOT_IN_LOCKS:
@@ -118,7 +124,9 @@ def test_every_lock_line_is_an_exact_version_with_hashes(set_name):
 
 def test_smaller_sets_install_the_versions_the_dev_set_tested():
     """CI runs the dev set: a student or a grading worker gets the same version of every package they share."""
-    everything = {(requirement.name.lower(), str(requirement.specifier), str(requirement.marker)) for requirement in lock("dev")}
+    everything = {
+        (requirement.name.lower(), str(requirement.specifier), str(requirement.marker)) for requirement in lock("dev")
+    }
     for set_name in ("student", "grader"):
         for requirement in lock(set_name):
             versions = {spec for name, spec, _ in everything if name == requirement.name.lower()}
@@ -136,8 +144,9 @@ def test_locks_hold_torchs_pure_python_dependencies_and_none_of_its_cuda_librari
     needed = [r for r in needed if r.marker is None or r.marker.evaluate({"extra": ""})]
     assert {r.name.lower() for r in needed} >= {"sympy", "networkx", "jinja2", "filelock"}
     for requirement in needed:
-        assert requirement.specifier.contains(locked[requirement.name.lower()]), \
+        assert requirement.specifier.contains(locked[requirement.name.lower()]), (
             f"torch needs {requirement}, {set_name}.txt locks {locked[requirement.name.lower()]}"
+        )
 
 
 def test_torch_is_the_pinned_cpu_build():
@@ -176,13 +185,21 @@ def test_binder_post_build_keeps_only_validate():
     assert disabled == shipped - {"validate-assignment"}
     server_config = REPOSITORY / ".venv" / "etc" / "jupyter" / "jupyter_server_config.d" / "nbgrader.json"
     if server_config.exists():
-        extensions = {name.rsplit(".", 1)[1] for name in json.loads(server_config.read_text())["ServerApp"]["jpserver_extensions"]}
-        disabled = set(re.search(r"instructor_extensions=\(nbgrader\.server_extensions\.\{([a-z_,]+)\}\)", script).group(1).split(","))
+        extensions = {
+            name.rsplit(".", 1)[1] for name in json.loads(server_config.read_text())["ServerApp"]["jpserver_extensions"]
+        }
+        disabled = set(
+            re.search(r"instructor_extensions=\(nbgrader\.server_extensions\.\{([a-z_,]+)\}\)", script)
+            .group(1)
+            .split(",")
+        )
         assert disabled == extensions - {"validate_assignment"}
 
 
 def test_ci_runs_the_readme_test_command_and_nothing_else():
-    lines = [l for l in (REPOSITORY / ".ci" / "run").read_text().splitlines() if l and not l.startswith("#")]
+    lines = [
+        line for line in (REPOSITORY / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")
+    ]
     assert lines[-1] == "exec ./course test"
     assert "./course test" in (REPOSITORY / "README.md").read_text()
     assert "./course lab" in (REPOSITORY / "README.md").read_text()
@@ -214,8 +231,18 @@ def test_repo2docker_builds_environment_yml_with_python_3_12_then_runs_post_buil
     assert 'env update -p ${NB_PYTHON_PREFIX} --file "environment.yml"' in dockerfile
     assert re.findall(r"^RUN .*postBuild.*$", dockerfile, re.M) == ["RUN chmod +x postBuild", "RUN ./postBuild"]
     # nothing else is picked up: pip's files are ignored beside environment.yml, no apt.txt, start, ...
-    for ignored in ("requirements.txt", "pyproject.toml", "setup.py", "apt.txt", "runtime.txt", "REPO_DIR}/start",
-                    "install.R", "Project.toml", "Pipfile", "pip install"):
+    for ignored in (
+        "requirements.txt",
+        "pyproject.toml",
+        "setup.py",
+        "apt.txt",
+        "runtime.txt",
+        "REPO_DIR}/start",
+        "install.R",
+        "Project.toml",
+        "Pipfile",
+        "pip install",
+    ):
         assert ignored not in dockerfile, f"repo2docker uses {ignored}"
 
 
@@ -247,19 +274,29 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
     venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
     files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
     stamp = venv / ".course-installed"
-    if not stamp.exists() or stamp.read_text().split() != [hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest(), "dev"]:
+    if not stamp.exists() or stamp.read_text().split() != [
+        hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest(),
+        "dev",
+    ]:
         pytest.skip("this test run did not come through ./course with the dev set (the set-up is not current)")
     copy = tmp_path / "course"
     copy.mkdir()
     for name in ("course", "pyproject.toml"):
         shutil.copy2(REPOSITORY / name, copy / name)
     shutil.copytree(REQUIREMENTS, copy / "requirements")
-    result = subprocess.run([str(copy / "course"), "lock"], capture_output=True, text=True, timeout=300,
-                            env=os.environ | {"COURSE_VENV": str(venv)})
+    result = subprocess.run(
+        [str(copy / "course"), "lock"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"COURSE_VENV": str(venv)},
+    )
     assert result.returncode == 0, result.stderr
     assert "installing" not in result.stderr  # the copy's set-up was current: the lock ran on the same venv
     for lock_file in REQUIREMENTS.glob("*.txt"):
-        assert (copy / "requirements" / lock_file.name).read_text() == lock_file.read_text(), f"{lock_file.name} is stale"
+        assert (copy / "requirements" / lock_file.name).read_text() == lock_file.read_text(), (
+            f"{lock_file.name} is stale"
+        )
 
 
 def extra(name: str) -> dict:

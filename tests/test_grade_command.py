@@ -4,6 +4,7 @@ One class-scoped run grades the whole hostile catalogue (``tests/hostile/catalog
 together with ordinary students; each test then reads the gradebook, the CSV,
 the ledger, the feedback and the report. The expectations sit in the catalogue.
 """
+
 from __future__ import annotations
 
 import csv
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
 from hostile_submissions import ASSIGNMENT, load_catalogue, submit_all, verify
 
@@ -78,6 +78,7 @@ def assert_no_hidden_code(course: Course, pages: list[Path]) -> None:
 
 # ---------------------------------------------------------------- the hostile class
 
+
 class TestHostileClass:
     @pytest.fixture(scope="class")
     @classmethod
@@ -88,15 +89,17 @@ class TestHostileClass:
         course.submit("reference", "00_start_here")
         course.submit("one-mistake", ASSIGNMENT, {"softmax": NO_MAX_SOFTMAX})
         course.submit("untouched", ASSIGNMENT, UNTOUCHED)
-        submitted = {path: path.read_bytes() for path in (coursework(course) / "submitted").rglob("*") if path.is_file()}
+        submitted = {
+            path: path.read_bytes() for path in (coursework(course) / "submitted").rglob("*") if path.is_file()
+        }
         result = grade(course.root, *LIMITS)
         return course, result, submitted
 
     def scores(self, course: Course, student: str, assignment: str = ASSIGNMENT) -> dict:
-        return {cell[len("test_"):]: score for cell, score in course.scores(student, assignment).items()}
+        return {cell[len("test_") :]: score for cell, score in course.scores(student, assignment).items()}
 
     def full(self, course: Course, assignment: str = ASSIGNMENT) -> dict:
-        return {cell[len("test_"):]: points for cell, points in course.max_scores(assignment).items()}
+        return {cell[len("test_") :]: points for cell, points in course.max_scores(assignment).items()}
 
     def test_the_run_completes(self, run):
         _, result, _ = run
@@ -157,9 +160,17 @@ class TestHostileClass:
         course, _, _ = run
         report = (coursework(course) / "reports" / "class-report.html").read_text(encoding="utf-8")
         assert report.count("data:image/png;base64,") >= 3
-        for text in ("Score distribution", "pass rate per exercise", "Most common misconceptions", "softmax-no-max-subtraction",
-                     "Flagged for review", "redefines-check", "graded-cell-deleted", "Could not be graded",
-                     "invalid-json"):
+        for text in (
+            "Score distribution",
+            "pass rate per exercise",
+            "Most common misconceptions",
+            "softmax-no-max-subtraction",
+            "Flagged for review",
+            "redefines-check",
+            "graded-cell-deleted",
+            "Could not be graded",
+            "invalid-json",
+        ):
             assert text in report, text
         misconceptions = report.split("Most common misconceptions", 1)[1].split("Flagged for review", 1)[0]
         assert "tampering" not in misconceptions, "tampering is a flag, not a misconception"
@@ -184,6 +195,7 @@ class TestHostileClass:
 
 # ---------------------------------------------------------------- every notebook's own catalogue
 
+
 def grading_suites() -> list:
     """Every notebook's ``GradingSuite`` (``tests/test_grading_<NN>_<topic>.py``)."""
     import importlib
@@ -193,15 +205,30 @@ def grading_suites() -> list:
     found = []
     for path in sorted(Path(__file__).parent.glob("test_grading_[0-9]*.py")):
         module = importlib.import_module(path.stem)
-        found += [value for value in vars(module).values() if isinstance(value, type)
-                  and issubclass(value, GradingSuite) and value is not GradingSuite and value.assignment]
+        found += [
+            value
+            for value in vars(module).values()
+            if isinstance(value, type)
+            and issubclass(value, GradingSuite)
+            and value is not GradingSuite
+            and value.assignment
+        ]
     return found
 
 
 SUITES = grading_suites()
-SUITE_STUDENTS = [(suite, student) for suite in SUITES for student in
-                  ["reference", "untouched", *suite.mistakes, *suite.alternatives, "patches-allclose",
-                   "patches-numpy-testing"]]
+SUITE_STUDENTS = [
+    (suite, student)
+    for suite in SUITES
+    for student in [
+        "reference",
+        "untouched",
+        *suite.mistakes,
+        *suite.alternatives,
+        "patches-allclose",
+        "patches-numpy-testing",
+    ]
+]
 
 
 class TestEveryNotebooksCatalogue:
@@ -230,8 +257,9 @@ class TestEveryNotebooksCatalogue:
         assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
         assert f"Graded {len(expected)} notebook(s)" in result.stdout, result.stdout
 
-    @pytest.mark.parametrize("suite, student", SUITE_STUDENTS,
-                             ids=[f"{suite.assignment}/{student}" for suite, student in SUITE_STUDENTS])
+    @pytest.mark.parametrize(
+        "suite, student", SUITE_STUDENTS, ids=[f"{suite.assignment}/{student}" for suite, student in SUITE_STUDENTS]
+    )
     def test_same_points_as_the_notebooks_own_grading(self, run, suite, student):
         course, _, expected = run
         assert course.scores(student, suite.assignment) == expected[(student, suite.assignment)]
@@ -253,9 +281,12 @@ class TestEveryNotebooksCatalogue:
 
         course, _, _ = run
         [graded] = (coursework(course) / "autograded" / "reference" / suite.assignment).glob("*.ipynb")
-        errors = [f"cell {i}: {output.get('ename')}: {output.get('evalue')}"
-                  for i, cell in enumerate(nbformat.read(graded, as_version=4).cells)
-                  for output in cell.get("outputs", []) if output.get("output_type") == "error"]
+        errors = [
+            f"cell {i}: {output.get('ename')}: {output.get('evalue')}"
+            for i, cell in enumerate(nbformat.read(graded, as_version=4).cells)
+            for output in cell.get("outputs", [])
+            if output.get("output_type") == "error"
+        ]
         assert errors == []
 
     def test_no_feedback_shows_hidden_test_code(self, run):
@@ -266,6 +297,7 @@ class TestEveryNotebooksCatalogue:
 
 
 # ---------------------------------------------------------------- crash, resume, unsandboxed
+
 
 def running_for(course: Course) -> list[str]:
     """Command lines of processes still working on ``course`` (the grader, its workers, sandboxes)."""
@@ -308,8 +340,9 @@ class TestCrashAndResume:
 
         killed, clean = courses
         command = [sys.executable, "-m", "autograder.grade", "--quiet", *LIMITS]
-        process = subprocess.Popen(command, cwd=killed.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command, cwd=killed.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         ledger_path = coursework(killed) / ".work" / "grading.sqlite"
         deadline = time.monotonic() + 600
         committed = 0

@@ -7,6 +7,7 @@ on 127.0.0.1 (``tests/local_cluster.py``), each worker one process with one thre
 ``worker-killer*`` (and nobody else). The same synthetic class is graded
 locally once (``local``) and then on the cluster; the gradebooks must agree.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from browser_harness import free_port
 from grading_harness import UNTOUCHED, Course, grade, sandbox_works
-
 from hostile_submissions import ASSIGNMENT, submit_all, verify
 from local_cluster import LocalCluster
 
@@ -107,9 +106,12 @@ def verdicts(course: Course) -> dict:
         student, assignment = path.parts[-3], path.parts[-2]
         cells = nbformat.read(path, as_version=4).cells
         found[(student, assignment)] = {
-            cell.metadata["nbgrader"]["grade_id"]: [o.get("evalue", "") for o in cell.get("outputs", [])
-                                                    if o.get("output_type") == "error"]
-            for cell in cells if cell.metadata.get("nbgrader", {}).get("grade")}
+            cell.metadata["nbgrader"]["grade_id"]: [
+                o.get("evalue", "") for o in cell.get("outputs", []) if o.get("output_type") == "error"
+            ]
+            for cell in cells
+            if cell.metadata.get("nbgrader", {}).get("grade")
+        }
     return found
 
 
@@ -132,7 +134,9 @@ def test_the_cluster_gives_the_local_gradebook(cluster, local, template, tmp_pat
     assert outputs(course) == outputs(local)
     assert verdicts(course) == verdicts(local)
     with sqlite3.connect(course.root / "coursework" / ".work" / "grading.sqlite") as db:
-        workers = {json.loads(summary)["worker"].split("/")[0] for (summary,) in db.execute("SELECT summary FROM graded")}
+        workers = {
+            json.loads(summary)["worker"].split("/")[0] for (summary,) in db.execute("SELECT summary FROM graded")
+        }
     assert workers == {"wa", "wb"}  # both workers graded, and nothing was graded elsewhere
     assert any("max" in message for message in verdicts(course)[("ben", "01_attention")]["test_softmax"])
     rerun = grade(course.root, *LIMITS, "--scheduler", cluster.address)
@@ -215,12 +219,17 @@ def test_an_unreachable_scheduler_changes_nothing(template, tmp_path):
     course = copy_course(template, tmp_path / "course")
 
     def snapshot() -> dict:
-        return {str(p.relative_to(course.root)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
-                for p in sorted(course.root.rglob("*"))}
+        return {
+            str(p.relative_to(course.root)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+            for p in sorted(course.root.rglob("*"))
+        }
 
     before = snapshot()
-    env = {**environment(), "DASK_SCHEDULER_ADDRESS": f"tcp://127.0.0.1:{free_port()}",
-           "AUTOGRADER_CONNECT_SECONDS": "3"}
+    env = {
+        **environment(),
+        "DASK_SCHEDULER_ADDRESS": f"tcp://127.0.0.1:{free_port()}",
+        "AUTOGRADER_CONNECT_SECONDS": "3",
+    }
     started = time.monotonic()
     result = grade(course.root, *LIMITS, env=env)
     assert result.returncode == 2
@@ -238,8 +247,7 @@ def test_workers_running_other_grading_code_are_refused(cluster, template, tmp_p
     cluster.wait_for_workers(2)
     newer = tmp_path / "newer"
     for package in ("autograder", "course_widgets"):
-        shutil.copytree(REPOSITORY / package, newer / package,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPOSITORY / package, newer / package, ignore=shutil.ignore_patterns("__pycache__"))
     checks = newer / "autograder" / "checks.py"
     checks.write_text(checks.read_text(encoding="utf-8") + "\n# a newer grader\n", encoding="utf-8")
     course = copy_course(template, tmp_path / "course")

@@ -9,6 +9,7 @@ random mutations of a valid class zip (through the command's collection step)
 and of a valid notebook (through the step that reads, restores and sanitizes
 it before it runs), and one real run of a class with mutated submissions.
 """
+
 from __future__ import annotations
 
 import csv
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from grading_harness import Course, grade, sandbox_works
 
 ASSIGNMENT = "01_attention"
@@ -38,6 +38,7 @@ pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot s
 
 
 # ---------------------------------------------------------------- helpers
+
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
@@ -104,9 +105,9 @@ def flip_data_byte(archive: bytes, name: str) -> bytes:
     """``archive`` with one byte of ``name``'s stored data changed (its CRC no longer matches)."""
     with zipfile.ZipFile(_io(archive)) as zf:
         info = zf.getinfo(name)
-    name_length, extra_length = struct.unpack("<HH", archive[info.header_offset + 26:info.header_offset + 30])
+    name_length, extra_length = struct.unpack("<HH", archive[info.header_offset + 26 : info.header_offset + 30])
     at = info.header_offset + 30 + name_length + extra_length + info.compress_size // 2
-    return archive[:at] + bytes([archive[at] ^ 0x20]) + archive[at + 1:]
+    return archive[:at] + bytes([archive[at] ^ 0x20]) + archive[at + 1 :]
 
 
 def lie_about_size(archive: bytes, name: str, extra: int) -> bytes:
@@ -115,12 +116,12 @@ def lie_about_size(archive: bytes, name: str, extra: int) -> bytes:
     at = 0
     while True:
         at = archive.index(b"PK\x01\x02", at)
-        length = struct.unpack("<H", archive[at + 28:at + 30])[0]
-        if archive[at + 46:at + 46 + length] == encoded:
+        length = struct.unpack("<H", archive[at + 28 : at + 30])[0]
+        if archive[at + 46 : at + 46 + length] == encoded:
             break
         at += 4
-    compressed, size = struct.unpack("<II", archive[at + 20:at + 28])
-    return archive[:at + 20] + struct.pack("<II", compressed + extra, size + extra) + archive[at + 28:]
+    compressed, size = struct.unpack("<II", archive[at + 20 : at + 28])
+    return archive[: at + 20] + struct.pack("<II", compressed + extra, size + extra) + archive[at + 28 :]
 
 
 def _io(data: bytes):
@@ -147,10 +148,12 @@ def forged_notebooks(course: Course, reference_bytes: bytes) -> dict[str, bytes]
     """Correct answers, with grading metadata edited to claim points: an extra grade cell,
     ``grade: true`` on an answer cell, impossible points on two check cells."""
     released = course.released(ASSIGNMENT)
-    tests = [c.metadata["nbgrader"]["grade_id"] for c in released.cells
-             if c.metadata.get("nbgrader", {}).get("grade")]
-    answer = next(c.metadata["nbgrader"]["grade_id"] for c in released.cells
-                  if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata["nbgrader"].get("grade"))
+    tests = [c.metadata["nbgrader"]["grade_id"] for c in released.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    answer = next(
+        c.metadata["nbgrader"]["grade_id"]
+        for c in released.cells
+        if c.metadata.get("nbgrader", {}).get("solution") and not c.metadata["nbgrader"].get("grade")
+    )
 
     def edited(edit) -> bytes:
         notebook = nbformat.reads(reference_bytes.decode(), as_version=4)
@@ -159,8 +162,14 @@ def forged_notebooks(course: Course, reference_bytes: bytes) -> dict[str, bytes]
 
     def extra_cell(nb):
         cell = nbformat.v4.new_code_cell("assert True")
-        cell.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "points": 1000,
-                                     "grade_id": "bonus_points", "schema_version": 3}
+        cell.metadata["nbgrader"] = {
+            "grade": True,
+            "solution": False,
+            "locked": True,
+            "points": 1000,
+            "grade_id": "bonus_points",
+            "schema_version": 3,
+        }
         nb.cells.append(cell)
 
     def graded_answer(nb):
@@ -300,8 +309,17 @@ def test_unwritable_outputs_are_refused_before_anything_is_read_or_written(cours
     blocker.write_text("not a folder")
     a_folder = tmp_path / "a-folder"
     a_folder.mkdir()
-    result = run(course, "--from", str(archive), "--csv", str(blocker / "grades.csv"),
-                 "--report", str(a_folder), "--db", f"sqlite:///{blocker}/gradebook.db")
+    result = run(
+        course,
+        "--from",
+        str(archive),
+        "--csv",
+        str(blocker / "grades.csv"),
+        "--report",
+        str(a_folder),
+        "--db",
+        f"sqlite:///{blocker}/gradebook.db",
+    )
     text = output(result)
     assert result.returncode == 2, text
     assert f"--csv: {blocker} is not a folder" in text
@@ -344,8 +362,9 @@ def test_one_run_at_a_time_and_killed_runs_leave_no_scratch(course, reference_by
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and f'"pid": {first.pid}' not in (lock.read_text() if lock.exists() else ""):
         time.sleep(0.05)
-    waiting = subprocess.Popen(command + ["--wait", "900"], cwd=course.root, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        command + ["--wait", "900"], cwd=course.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     refused = run(course)
     assert refused.returncode == 2, output(refused)
     assert f"another grading run is working on this course (process {first.pid} on" in refused.stderr
@@ -394,8 +413,23 @@ def test_killed_while_filing_then_rerun_gives_the_clean_grades(course, reference
 
 # ---------------------------------------------------------------- the seeded fuzz test
 
-ODD_NAMES = ["", " ", "..", "a/../../b", "/abs", "x" * 300, "naïve ünïcödé", "tab\there", "new\nline",
-             "semi;colon$(rm -rf)", "back\\slash", "CON", ".hidden", "__MACOSX", "nul\x00byte"]
+ODD_NAMES = [
+    "",
+    " ",
+    "..",
+    "a/../../b",
+    "/abs",
+    "x" * 300,
+    "naïve ünïcödé",
+    "tab\there",
+    "new\nline",
+    "semi;colon$(rm -rf)",
+    "back\\slash",
+    "CON",
+    ".hidden",
+    "__MACOSX",
+    "nul\x00byte",
+]
 STUDENTS = ["alice", "bob", "carol", "dmitri"]
 
 
@@ -416,7 +450,7 @@ def mutate_zip(rng: random.Random, members: list[tuple[str, bytes]], reference_b
     if kind in ("truncate", "flip"):
         data = zip_bytes(members, rng.choice([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED]))
         if kind == "truncate":
-            return data[:rng.randrange(len(data))], None
+            return data[: rng.randrange(len(data))], None
         spots = [rng.randrange(len(data)) for _ in range(rng.randint(1, 3))]
         touched = _owners(data, spots)
         flipped = bytearray(data)
@@ -460,10 +494,24 @@ def _owners(data: bytes, spots: list[int]) -> set[str] | None:
 
 
 def mutate_notebook(rng: random.Random, data: bytes) -> tuple[bytes, str]:
-    kind = rng.choice(["truncate", "flip", "points", "grade-flag", "extra-cell", "meta-type", "duplicate",
-                       "delete-cell", "cell-type", "deep", "no-metadata", "ids"])
+    kind = rng.choice(
+        [
+            "truncate",
+            "flip",
+            "points",
+            "grade-flag",
+            "extra-cell",
+            "meta-type",
+            "duplicate",
+            "delete-cell",
+            "cell-type",
+            "deep",
+            "no-metadata",
+            "ids",
+        ]
+    )
     if kind == "truncate":
-        return data[:rng.randrange(len(data))], kind
+        return data[: rng.randrange(len(data))], kind
     if kind == "flip":
         out = bytearray(data)
         for _ in range(rng.randint(1, 5)):
@@ -478,16 +526,31 @@ def mutate_notebook(rng: random.Random, data: bytes) -> tuple[bytes, str]:
     cell = rng.choice(graded)
     meta = cell["metadata"]["nbgrader"]
     if kind == "points":
-        meta["points"] = rng.choice([-1, "lots", None, [], {"a": 1}, 1e308, float("inf"), float("nan"), True,
-                                     10 ** 400, 0])
+        meta["points"] = rng.choice(
+            [-1, "lots", None, [], {"a": 1}, 1e308, float("inf"), float("nan"), True, 10**400, 0]
+        )
     elif kind == "grade-flag":
         meta[rng.choice(["grade", "solution", "locked", "task"])] = rng.choice([True, False, "yes", 1, None])
     elif kind == "extra-cell":
-        cells.insert(rng.randrange(len(cells) + 1), {
-            "cell_type": rng.choice(["code", "markdown"]), "metadata": {"nbgrader": {
-                "grade": True, "solution": rng.choice([True, False]), "locked": rng.choice([True, False]),
-                "points": rng.choice([5, 1000, -3, "x"]), "grade_id": rng.choice(["bonus", "", None, 7]),
-                "schema_version": 3}}, "source": "assert True", "outputs": [], "execution_count": None})
+        cells.insert(
+            rng.randrange(len(cells) + 1),
+            {
+                "cell_type": rng.choice(["code", "markdown"]),
+                "metadata": {
+                    "nbgrader": {
+                        "grade": True,
+                        "solution": rng.choice([True, False]),
+                        "locked": rng.choice([True, False]),
+                        "points": rng.choice([5, 1000, -3, "x"]),
+                        "grade_id": rng.choice(["bonus", "", None, 7]),
+                        "schema_version": 3,
+                    }
+                },
+                "source": "assert True",
+                "outputs": [],
+                "execution_count": None,
+            },
+        )
     elif kind == "meta-type":
         cell["metadata"]["nbgrader"] = rng.choice([[], "grade", 42, None])
     elif kind == "duplicate":
@@ -572,8 +635,7 @@ def test_fuzz_notebooks_are_rejected_or_graded_for_the_instructors_points(templa
         data, kind = mutate_notebook(rng, reference_bytes)
         job = Job("fuzz", ASSIGNMENT, ASSIGNMENT, data, "fuzz/01_attention.ipynb", "d", spec, None)
         result = Result("fuzz", ASSIGNMENT, ASSIGNMENT, "d", spec.fingerprint, True, "")
-        resources = {"nbgrader": {"student": "fuzz", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT,
-                                  "db_url": None}}
+        resources = {"nbgrader": {"student": "fuzz", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT, "db_url": None}}
         try:
             nb, _, _ = prepare(job, result, resources)
         except Rejected as rejection:

@@ -10,6 +10,7 @@ grade must be the same in both databases. The SQLite runs also show the differen
 the README states: stock nbgrader pays the rebinding submission, ``./course grade``
 gives it nothing and flags it.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from grading_harness import Course, grade, nbgrader, sandbox_works
 from hostile_submissions import ASSIGNMENT, load_catalogue, submit
 
@@ -34,6 +34,7 @@ WRONG_SOFTMAX = "def softmax(x, dim=-1):\n    return x / x.sum(dim=dim, keepdim=
 @dataclass
 class GradebookAt(Course):
     """A course copy whose gradebook is at ``url`` (nbgrader's SQLite file by default)."""
+
     url: str = ""
 
     @property
@@ -42,6 +43,7 @@ class GradebookAt(Course):
 
 
 # ---------------------------------------------------------------- a throwaway server
+
 
 def postgres_bin() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name))
@@ -63,23 +65,49 @@ class Postgres:
             self.prefix = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", "--"]
 
     def run(self, *command: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.prefix, *command], cwd=self.folder, capture_output=True, text=True,
-                              timeout=120, env={**os.environ, "HOME": str(self.folder), "LC_ALL": "C"})
+        return subprocess.run(
+            [*self.prefix, *command],
+            cwd=self.folder,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "HOME": str(self.folder), "LC_ALL": "C"},
+        )
 
     def start(self) -> str | None:
         """None when the server runs, else why not."""
         steps = [
-            [str(self.bin / "initdb"), "-D", str(self.data), "-U", "course", "--auth=trust", "-E", "UTF8",
-             "--locale=C", "--no-sync"],
-            [str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "log"), "-w", "start",
-             "-o", f"-k {self.folder} -c listen_addresses='' -F"],
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "course",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.folder / "log"),
+                "-w",
+                "start",
+                "-o",
+                f"-k {self.folder} -c listen_addresses='' -F",
+            ],
         ]
         for step in steps:
             result = self.run(*step)
             if result.returncode != 0:
                 log = self.folder / "log"
                 return f"{Path(step[0]).name} failed: {result.stderr.strip()[-800:]} " + (
-                    log.read_text()[-800:] if log.exists() else "")
+                    log.read_text()[-800:] if log.exists() else ""
+                )
         return None
 
     def create_database(self, name: str) -> str:
@@ -110,6 +138,7 @@ def postgres():
 
 
 # ---------------------------------------------------------------- the class, graded four ways
+
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
@@ -175,6 +204,7 @@ def all_scores(course: Course) -> dict:
 
 # ---------------------------------------------------------------- the rebinding submission
 
+
 def test_stock_nbgrader_pays_a_submission_that_rebinds_the_check_helper(stock_sqlite):
     """The README's warning, reproduced: with check() a no-op, wrong answers get full points."""
     assert stock_sqlite.scores(REBINDS["id"], ASSIGNMENT) == stock_sqlite.max_scores(ASSIGNMENT)
@@ -199,6 +229,7 @@ def test_course_grade_and_stock_nbgrader_agree_on_honest_submissions(ours_sqlite
 
 
 # ---------------------------------------------------------------- Postgres against SQLite
+
 
 @needs_sandbox
 def test_course_grade_into_postgres_writes_every_grade_it_writes_into_sqlite(ours_postgres, ours_sqlite):

@@ -7,6 +7,7 @@ from a folder outside the checkout the installed `autograder` (not the checkout'
 every part of ``./course grade``, with those same versions (this checkout's .venv) on its path,
 and runs its command line.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,23 +21,28 @@ import pytest
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 # every module ./course grade imports, in each layer, and the Postgres driver
-IMPORTS = ("autograder.grade, autograder.release, autograder.checks, autograder.trusted, autograder.verdict, "
-           "autograder.engine.course, autograder.engine.collect, autograder.engine.runners, "
-           "autograder.engine.distributed, autograder.judging.writer, autograder.judging.report, "
-           "autograder.judging.feedback, autograder.sandboxing.bubblewrap, autograder.sandboxing.zygote, "
-           "autograder.exercises.attention, course_widgets, nbgrader.apps, dask.distributed, psycopg, torch")
+IMPORTS = (
+    "autograder.grade, autograder.release, autograder.checks, autograder.trusted, autograder.verdict, "
+    "autograder.engine.course, autograder.engine.collect, autograder.engine.runners, "
+    "autograder.engine.distributed, autograder.judging.writer, autograder.judging.report, "
+    "autograder.judging.feedback, autograder.sandboxing.bubblewrap, autograder.sandboxing.zygote, "
+    "autograder.exercises.attention, course_widgets, nbgrader.apps, dask.distributed, psycopg, torch"
+)
 
 
 def run(*command, cwd: Path, timeout: float = 900, **extra_env) -> subprocess.CompletedProcess:
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([str(part) for part in command], cwd=cwd, capture_output=True, text=True,
-                            timeout=timeout, env=env | extra_env)
+    result = subprocess.run(
+        [str(part) for part in command], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env | extra_env
+    )
     assert result.returncode == 0, f"{command}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     return result
 
 
 def site_packages(python: Path) -> str:
-    return run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=python.parent).stdout.strip()
+    return run(
+        python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=python.parent
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +65,9 @@ def test_pip_install_grader_extra_resolves_to_the_grader_lock(installed):
     from test_environment import locked_versions, pins
 
     _, _, report, _ = installed
-    resolved = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-                for item in report["install"]}
+    resolved = {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in report["install"]
+    }
     assert resolved.pop("attention-transformers-course") == "0.1.0"
     assert resolved.pop("torch").split("+")[0] == pins("grader")["torch"]  # the lock leaves torch out
     assert resolved == {name.replace("_", "-"): version for name, version in locked_versions("grader").items()}
@@ -69,8 +76,14 @@ def test_pip_install_grader_extra_resolves_to_the_grader_lock(installed):
 def test_the_wheel_holds_every_grading_subpackage(installed):
     _, wheel, _, _ = installed
     names = zipfile.ZipFile(wheel).namelist()
-    for package in ("autograder", "autograder/engine", "autograder/judging", "autograder/sandboxing",
-                    "autograder/exercises", "course_widgets"):
+    for package in (
+        "autograder",
+        "autograder/engine",
+        "autograder/judging",
+        "autograder/sandboxing",
+        "autograder/exercises",
+        "course_widgets",
+    ):
         assert f"{package}/__init__.py" in names, package
 
 
@@ -78,12 +91,19 @@ def test_the_installed_package_imports_every_part_of_the_grader(installed):
     python, _, _, outside = installed
     # the dependencies: this checkout's .venv, at the lock's versions (a plain path entry: its .pth
     # files, the editable install of the checkout among them, are not read)
-    result = run(python, "-c", f"import {IMPORTS}; import autograder; print(autograder.__file__)", cwd=outside,
-                 PYTHONPATH=site_packages(Path(sys.executable)))
+    result = run(
+        python,
+        "-c",
+        f"import {IMPORTS}; import autograder; print(autograder.__file__)",
+        cwd=outside,
+        PYTHONPATH=site_packages(Path(sys.executable)),
+    )
     assert Path(result.stdout.strip()).is_relative_to(python.parent.parent), result.stdout  # not the checkout's
 
 
 def test_the_installed_grade_command_runs(installed):
     python, _, _, outside = installed
-    result = run(python, "-m", "autograder.grade", "--help", cwd=outside, PYTHONPATH=site_packages(Path(sys.executable)))
+    result = run(
+        python, "-m", "autograder.grade", "--help", cwd=outside, PYTHONPATH=site_packages(Path(sys.executable))
+    )
     assert "--db" in result.stdout and "--scheduler" in result.stdout

@@ -1,4 +1,5 @@
 """Notebook 01 graded by real nbgrader: each catalogued mistake, correct alternatives, tampering."""
+
 from grading_suite import GradingSuite
 
 
@@ -6,76 +7,124 @@ class TestAttentionGrading(GradingSuite):
     assignment = "01_attention"
 
     mistakes = {
-        "softmax-no-max": ("softmax", """
+        "softmax-no-max": (
+            "softmax",
+            """
             def softmax(x, dim=-1):
                 e = torch.exp(x)
                 return e / e.sum(dim=dim, keepdim=True)
-            """, "softmax-no-max-subtraction"),
-        "softmax-axis-0": ("softmax", """
+            """,
+            "softmax-no-max-subtraction",
+        ),
+        "softmax-axis-0": (
+            "softmax",
+            """
             def softmax(x, dim=-1):
                 shifted = x - x.max(dim=0, keepdim=True).values
                 e = shifted.exp()
                 return e / e.sum(dim=0, keepdim=True)
-            """, "softmax-wrong-axis"),
-        "softmax-last-axis-always": ("softmax", """
+            """,
+            "softmax-wrong-axis",
+        ),
+        "softmax-last-axis-always": (
+            "softmax",
+            """
             def softmax(x, dim=-1):
                 e = torch.exp(x - x.max(-1, keepdim=True).values)
                 return e / e.sum(-1, keepdim=True)
-            """, "softmax-ignores-dim"),
-        "weights-no-sqrt": ("attention_weights", """
+            """,
+            "softmax-ignores-dim",
+        ),
+        "weights-no-sqrt": (
+            "attention_weights",
+            """
             def attention_weights(q, k, mask=None):
                 scores = q @ k.transpose(-2, -1)
                 if mask is not None:
                     scores = scores.masked_fill(~mask, float("-inf"))
                 return softmax(scores)
-            """, "no-sqrt-d"),
-        "weights-divided-by-d": ("attention_weights", """
+            """,
+            "no-sqrt-d",
+        ),
+        "weights-divided-by-d": (
+            "attention_weights",
+            """
             def attention_weights(q, k, mask=None):
                 scores = q @ k.transpose(-2, -1) / q.shape[-1]
                 if mask is not None:
                     scores = scores.masked_fill(~mask, float("-inf"))
                 return softmax(scores)
-            """, "scaled-by-d"),
-        "weights-mask-after-softmax": ("attention_weights", """
+            """,
+            "scaled-by-d",
+        ),
+        "weights-mask-after-softmax": (
+            "attention_weights",
+            """
             def attention_weights(q, k, mask=None):
                 weights = softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
                 if mask is not None:
                     weights = weights * mask
                 return weights
-            """, "mask-after-softmax"),
-        "weights-mask-inverted": ("attention_weights", """
+            """,
+            "mask-after-softmax",
+        ),
+        "weights-mask-inverted": (
+            "attention_weights",
+            """
             def attention_weights(q, k, mask=None):
                 scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
                 if mask is not None:
                     scores = scores.masked_fill(mask, -1e9)
                 return softmax(scores)
-            """, "mask-polarity"),
-        "weights-mask-ignored": ("attention_weights", """
+            """,
+            "mask-polarity",
+        ),
+        "weights-mask-ignored": (
+            "attention_weights",
+            """
             def attention_weights(q, k, mask=None):
                 return softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]))
-            """, "mask-ignored"),
-        "weights-softmax-over-queries": ("attention_weights", """
+            """,
+            "mask-ignored",
+        ),
+        "weights-softmax-over-queries": (
+            "attention_weights",
+            """
             def attention_weights(q, k, mask=None):
                 scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
                 if mask is not None:
                     scores = scores.masked_fill(~mask, float("-inf"))
                 return softmax(scores, dim=-2)
-            """, "softmax-over-queries"),
-        "attention-mask-dropped": ("attention", """
+            """,
+            "softmax-over-queries",
+        ),
+        "attention-mask-dropped": (
+            "attention",
+            """
             def attention(q, k, v, mask=None):
                 return attention_weights(q, k) @ v
-            """, "attention-mask-not-passed"),
-        "attention-mask-inverted": ("attention", """
+            """,
+            "attention-mask-not-passed",
+        ),
+        "attention-mask-inverted": (
+            "attention",
+            """
             def attention(q, k, v, mask=None):
                 if mask is not None:
                     mask = ~mask
                 return attention_weights(q, k, mask) @ v
-            """, "mask-polarity"),
-        "attention-raw-scores": ("attention", """
+            """,
+            "mask-polarity",
+        ),
+        "attention-raw-scores": (
+            "attention",
+            """
             def attention(q, k, v, mask=None):
                 d = q.shape[-1]
                 return (q @ k.transpose(-2, -1) / math.sqrt(d)) @ v
-            """, "scores-times-values"),
+            """,
+            "scores-times-values",
+        ),
     }
 
     alternatives = {

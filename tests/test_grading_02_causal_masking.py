@@ -1,14 +1,15 @@
 """Notebook 02 graded by real nbgrader: each catalogued mistake, correct alternatives,
 tampering; and, without nbgrader, the property the mask exists for and the
 catalogue's power to tell its mistakes apart."""
+
 import itertools
 
 import pytest
 import torch
+from grading_suite import GradingSuite
 
 from autograder import checks, reference
 from autograder.exercises import causal_masking
-from grading_suite import GradingSuite
 
 ASSIGNMENT = "02_causal_masking"
 
@@ -17,66 +18,110 @@ class TestCausalMaskingGrading(GradingSuite):
     assignment = ASSIGNMENT
 
     mistakes = {
-        "mask-upper-triangle": ("causal_mask", """
+        "mask-upper-triangle": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 if S is None:
                     S = T
                 return torch.triu(torch.ones(T, S, dtype=torch.bool), diagonal=S - T)
-            """, "inverted-triangle"),
-        "mask-strict-lower": ("causal_mask", """
+            """,
+            "inverted-triangle",
+        ),
+        "mask-strict-lower": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 S = S or T
                 queries = torch.arange(T).unsqueeze(1) + (S - T)
                 keys = torch.arange(S).unsqueeze(0)
                 return keys < queries
-            """, "diagonal-excluded"),
-        "mask-true-where-blocked": ("causal_mask", """
+            """,
+            "diagonal-excluded",
+        ),
+        "mask-true-where-blocked": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 S = T if S is None else S
                 future = torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
                 return future
-            """, "mask-polarity"),
-        "mask-top-left": ("causal_mask", """
+            """,
+            "mask-polarity",
+        ),
+        "mask-top-left": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 if S is None:
                     S = T
                 return torch.tril(torch.ones(T, S, dtype=torch.bool))
-            """, "top-left-aligned"),
-        "mask-ignores-S": ("causal_mask", """
+            """,
+            "top-left-aligned",
+        ),
+        "mask-ignores-S": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 return torch.tril(torch.ones(T, T)).bool()
-            """, "s-ignored"),
-        "mask-of-floats": ("causal_mask", """
+            """,
+            "s-ignored",
+        ),
+        "mask-of-floats": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 S = T if S is None else S
                 return torch.tril(torch.ones(T, S), diagonal=S - T)
-            """, "float-mask"),
-        "mask-additive": ("causal_mask", """
+            """,
+            "float-mask",
+        ),
+        "mask-additive": (
+            "causal_mask",
+            """
             def causal_mask(T, S=None):
                 S = T if S is None else S
                 return torch.full((T, S), float("-inf")).triu(S - T + 1)
-            """, "additive-mask"),
-        "attention-mask-after-softmax": ("causal_attention", """
+            """,
+            "additive-mask",
+        ),
+        "attention-mask-after-softmax": (
+            "causal_attention",
+            """
             def causal_attention(q, k, v):
                 weights = attention_weights(q, k)
                 weights = weights * causal_mask(q.shape[-2], k.shape[-2])
                 return weights @ v
-            """, "mask-after-softmax"),
-        "attention-mask-inverted": ("causal_attention", """
+            """,
+            "mask-after-softmax",
+        ),
+        "attention-mask-inverted": (
+            "causal_attention",
+            """
             def causal_attention(q, k, v):
                 blocked = ~causal_mask(q.shape[-2], k.shape[-2])
                 return attention(q, k, v, mask=blocked)
-            """, "mask-polarity"),
-        "attention-unmasked": ("causal_attention", """
+            """,
+            "mask-polarity",
+        ),
+        "attention-unmasked": (
+            "causal_attention",
+            """
             def causal_attention(q, k, v):
                 return attention(q, k, v)
-            """, "mask-missing"),
-        "attention-own-tril": ("causal_attention", """
+            """,
+            "mask-missing",
+        ),
+        "attention-own-tril": (
+            "causal_attention",
+            """
             def causal_attention(q, k, v):
                 T, S = q.shape[-2], k.shape[-2]
                 mask = torch.tril(torch.ones(T, S)).bool()
                 return attention(q, k, v, mask)
-            """, "top-left-aligned"),
+            """,
+            "top-left-aligned",
+        ),
     }
 
     alternatives = {
@@ -158,6 +203,7 @@ class TestCausalMaskingGrading(GradingSuite):
 
 # ---------------------------------------------------------------- without nbgrader
 
+
 @pytest.fixture(scope="module")
 def solved():
     return reference.load(ASSIGNMENT)
@@ -179,8 +225,10 @@ def test_changing_a_future_token_never_changes_an_earlier_output(solved):
     generator = torch.Generator().manual_seed(20)
     for _ in range(200):
         T = int(torch.randint(2, 17, (1,), generator=generator))
-        batch = tuple(int(n) for n in torch.randint(1, 4, (int(torch.randint(0, 3, (1,), generator=generator)),),
-                                                     generator=generator))
+        batch = tuple(
+            int(n)
+            for n in torch.randint(1, 4, (int(torch.randint(0, 3, (1,), generator=generator)),), generator=generator)
+        )
         q, k, v = (torch.randn(*batch, T, 8, generator=generator) for _ in range(3))
         changed = torch.rand(T, generator=generator) < 0.3
         changed[int(torch.randint(1, T, (1,), generator=generator))] = True
@@ -256,6 +304,7 @@ def test_each_mutant_is_recognised_as_itself(solved, name):
     """diagnose() names each mutant's own mistake (not an earlier entry's)."""
     exercise = causal_masking.EXERCISES[name]
     for mistake in exercise.mistakes:
-        message = checks.diagnose(exercise, mistake.mutant(solved), getattr(solved, name), solved,
-                                  list(exercise.cases(solved)))
+        message = checks.diagnose(
+            exercise, mistake.mutant(solved), getattr(solved, name), solved, list(exercise.cases(solved))
+        )
         assert message is not None and f"[mistake:{mistake.id}]" in message, (mistake.name, message)

@@ -1,6 +1,7 @@
 """Notebook 03 graded by real nbgrader (each catalogued mistake, correct alternatives,
 tampering), and, without nbgrader, the reference against torch.nn.MultiheadAttention,
 the catalogue's mutants and the no-loop check."""
+
 import linecache
 import math
 import textwrap
@@ -8,11 +9,11 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from grading_suite import GradingSuite
 
 from autograder import reference
 from autograder.checks import CheckFailed, check
 from autograder.exercises import multi_head_attention as catalogue
-from grading_suite import GradingSuite
 
 ASSIGNMENT = "03_multi_head_attention"
 
@@ -41,36 +42,62 @@ class TestMultiHeadAttentionGrading(GradingSuite):
     assignment = ASSIGNMENT
 
     mistakes = {
-        "split-reshape-straight": ("split_heads", """
+        "split-reshape-straight": (
+            "split_heads",
+            """
             def split_heads(x, n_heads):
                 B, T, D = x.shape
                 return x.view(B, n_heads, T, D // n_heads)
-            """, "split-no-transpose"),
-        "split-strided": ("split_heads", """
+            """,
+            "split-no-transpose",
+        ),
+        "split-strided": (
+            "split_heads",
+            """
             def split_heads(x, n_heads):
                 B, T, D = x.shape
                 head_dim = D // n_heads
                 return x.view(B, T, head_dim, n_heads).permute(0, 3, 1, 2)
-            """, "split-heads-strided"),
-        "split-forgot-transpose": ("split_heads", """
+            """,
+            "split-heads-strided",
+        ),
+        "split-forgot-transpose": (
+            "split_heads",
+            """
             def split_heads(x, n_heads):
                 B, T, D = x.shape
                 return x.reshape(B, T, n_heads, D // n_heads)
-            """, "split-transpose-missing"),
-        "merge-reshape-straight": ("merge_heads", """
+            """,
+            "split-transpose-missing",
+        ),
+        "merge-reshape-straight": (
+            "merge_heads",
+            """
             def merge_heads(x):
                 return x.reshape(x.shape[0], x.shape[2], -1)
-            """, "merge-no-transpose"),
-        "merge-interleaved": ("merge_heads", """
+            """,
+            "merge-no-transpose",
+        ),
+        "merge-interleaved": (
+            "merge_heads",
+            """
             def merge_heads(x):
                 return x.permute(0, 2, 3, 1).flatten(2)
-            """, "merge-wrong-order"),
-        "merge-view-after-transpose": ("merge_heads", """
+            """,
+            "merge-wrong-order",
+        ),
+        "merge-view-after-transpose": (
+            "merge_heads",
+            """
             def merge_heads(x):
                 B, H, T, Dh = x.shape
                 return x.transpose(1, 2).view(B, T, H * Dh)
-            """, "merge-view-not-contiguous"),
-        "mha-scores-by-sqrt-d-model": ("MultiHeadAttention", module_with("""
+            """,
+            "merge-view-not-contiguous",
+        ),
+        "mha-scores-by-sqrt-d-model": (
+            "MultiHeadAttention",
+            module_with("""
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
@@ -78,60 +105,92 @@ class TestMultiHeadAttentionGrading(GradingSuite):
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             return self.o_proj(merge_heads(torch.softmax(scores, dim=-1) @ v))
-            """), "scaled-by-sqrt-d-model"),
-        "mha-attention-with-extra-factor": ("MultiHeadAttention", module_with("""
+            """),
+            "scaled-by-sqrt-d-model",
+        ),
+        "mha-attention-with-extra-factor": (
+            "MultiHeadAttention",
+            module_with("""
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
             # attention divides by sqrt(head_dim); the paper says sqrt(d_model)?
             q = q * math.sqrt(self.head_dim) / math.sqrt(self.d_model)
             return self.o_proj(merge_heads(attention(q, k, v, mask)))
-            """), "scaled-by-sqrt-d-model"),
-        "mha-no-output-projection": ("MultiHeadAttention", module_with("""
+            """),
+            "scaled-by-sqrt-d-model",
+        ),
+        "mha-no-output-projection": (
+            "MultiHeadAttention",
+            module_with("""
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
             return merge_heads(attention(q, k, v, mask))
-            """), "no-output-projection"),
-        "mha-inline-view-no-transpose": ("MultiHeadAttention", module_with("""
+            """),
+            "no-output-projection",
+        ),
+        "mha-inline-view-no-transpose": (
+            "MultiHeadAttention",
+            module_with("""
             B, T, D = x.shape
             q = self.q_proj(x).view(B, self.n_heads, T, self.head_dim)
             k = self.k_proj(x).view(B, self.n_heads, T, self.head_dim)
             v = self.v_proj(x).view(B, self.n_heads, T, self.head_dim)
             return self.o_proj(merge_heads(attention(q, k, v, mask)))
-            """), "split-no-transpose"),
-        "mha-inline-merge-no-transpose": ("MultiHeadAttention", module_with("""
+            """),
+            "split-no-transpose",
+        ),
+        "mha-inline-merge-no-transpose": (
+            "MultiHeadAttention",
+            module_with("""
             B, T, D = x.shape
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
             out = attention(q, k, v, mask)
             return self.o_proj(out.reshape(B, T, D))
-            """), "merge-no-transpose"),
-        "mha-inline-view-after-transpose": ("MultiHeadAttention", module_with("""
+            """),
+            "merge-no-transpose",
+        ),
+        "mha-inline-view-after-transpose": (
+            "MultiHeadAttention",
+            module_with("""
             B, T, D = x.shape
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
             out = attention(q, k, v, mask).transpose(1, 2).view(B, T, D)
             return self.o_proj(out)
-            """), "merge-view-not-contiguous"),
-        "mha-mask-like-torch": ("MultiHeadAttention", module_with("""
+            """),
+            "merge-view-not-contiguous",
+        ),
+        "mha-mask-like-torch": (
+            "MultiHeadAttention",
+            module_with("""
             if mask is not None:
                 mask = ~mask  # nn.MultiheadAttention: True = masked out
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
             return self.o_proj(merge_heads(attention(q, k, v, mask)))
-            """), "mask-polarity"),
-        "mha-mask-forgotten": ("MultiHeadAttention", module_with("""
+            """),
+            "mask-polarity",
+        ),
+        "mha-mask-forgotten": (
+            "MultiHeadAttention",
+            module_with("""
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
             return self.o_proj(merge_heads(attention(q, k, v)))
-            """), "mask-not-passed"),
+            """),
+            "mask-not-passed",
+        ),
         # correct numbers, but a Python loop over heads: only test_no_head_loop is lost
-        "mha-for-loop-over-heads": ("MultiHeadAttention", module_with("""
+        "mha-for-loop-over-heads": (
+            "MultiHeadAttention",
+            module_with("""
             q = split_heads(self.q_proj(x), self.n_heads)
             k = split_heads(self.k_proj(x), self.n_heads)
             v = split_heads(self.v_proj(x), self.n_heads)
@@ -139,14 +198,20 @@ class TestMultiHeadAttentionGrading(GradingSuite):
             for h in range(self.n_heads):
                 outputs.append(attention(q[:, h], k[:, h], v[:, h], mask))
             return self.o_proj(merge_heads(torch.stack(outputs, dim=1)))
-            """), "head-loop"),
-        "mha-slices-in-a-comprehension": ("MultiHeadAttention", module_with("""
+            """),
+            "head-loop",
+        ),
+        "mha-slices-in-a-comprehension": (
+            "MultiHeadAttention",
+            module_with("""
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
             d = self.head_dim
             heads = [attention(q[..., h * d:(h + 1) * d], k[..., h * d:(h + 1) * d], v[..., h * d:(h + 1) * d], mask)
                      for h in range(self.n_heads)]
             return self.o_proj(torch.cat(heads, dim=-1))
-            """), "head-loop"),
+            """),
+            "head-loop",
+        ),
     }
     # mistakes graded by another check cell than their exercise's own
     checked_by = {"head-loop": "no_head_loop"}
@@ -264,6 +329,7 @@ class TestMultiHeadAttentionGrading(GradingSuite):
 
 # ---------------------------------------------------------------- without nbgrader
 
+
 @pytest.fixture(scope="module")
 def ref():
     return reference.load(ASSIGNMENT)
@@ -277,10 +343,16 @@ def torch_twin(mha: nn.Module, d_model: int, n_heads: int) -> nn.MultiheadAttent
     return twin.to(mha.q_proj.weight.dtype)
 
 
-@pytest.mark.parametrize("d_model, n_heads, batch, tokens, dtype", [
-    (8, 2, 1, 3, torch.float32), (16, 4, 2, 5, torch.float32), (32, 8, 3, 7, torch.float32),
-    (12, 3, 2, 4, torch.float64), (8, 1, 2, 6, torch.float32),
-])
+@pytest.mark.parametrize(
+    "d_model, n_heads, batch, tokens, dtype",
+    [
+        (8, 2, 1, 3, torch.float32),
+        (16, 4, 2, 5, torch.float32),
+        (32, 8, 3, 7, torch.float32),
+        (12, 3, 2, 4, torch.float64),
+        (8, 1, 2, 6, torch.float32),
+    ],
+)
 def test_reference_matches_torch_multihead_attention(ref, d_model, n_heads, batch, tokens, dtype):
     """The reference (hence every hidden check) agrees with torch.nn.MultiheadAttention
     given the same weights, with no mask and with a causal one (torch: True = blocked)."""
@@ -315,6 +387,7 @@ def differs(a, b, exercise) -> bool:
 
 def catalogue_close(x, y, exercise) -> bool:
     from autograder.checks import close
+
     return close(x, y, exercise.atol, exercise.rtol) is not None
 
 
@@ -334,12 +407,15 @@ def test_every_mutant_differs_from_the_reference_and_from_the_others(ref, name):
         produced[mistake.id] = got
     ids = list(produced)
     for i, first in enumerate(ids):
-        for second in ids[i + 1:]:
+        for second in ids[i + 1 :]:
             assert any(catalogue_close(a, b, exercise) for a, b in zip(produced[first], produced[second])), (
-                first, second)
+                first,
+                second,
+            )
 
 
 # ---------------------------------------------------------------- the no-loop check, in process
+
 
 def learner_namespace(ref, source: str = "", filename: str = "<cell>") -> dict:
     """A notebook-like namespace: the reference, then the learner's code (with its lines cached,
@@ -391,11 +467,14 @@ def test_loop_check_names_a_loop_in_forward_and_quotes_it(ref):
 
 
 def test_loop_check_finds_a_loop_in_the_learners_split_heads(ref):
-    source = textwrap.dedent("""
+    source = (
+        textwrap.dedent("""
         def split_heads(x, n_heads):
             d = x.shape[-1] // n_heads
             return torch.stack([x[..., h * d:(h + 1) * d] for h in range(n_heads)], dim=1)
-        """) + catalogue_reference_class()
+        """)
+        + catalogue_reference_class()
+    )
     message = loop_check(learner_namespace(ref, source))
     assert "[mistake:head-loop]" in message and "split_heads" in message
 
@@ -444,6 +523,7 @@ def test_loop_check_reads_the_code_of_a_forward_pass_that_fails(ref):
 
 # ---------------------------------------------------------------- the no-loop check's visible part
 
+
 def visible_loop_check(namespace) -> str:
     """Run the visible half of the notebook's no-loop check cell in ``namespace``: what it prints."""
     import contextlib
@@ -452,10 +532,13 @@ def visible_loop_check(namespace) -> str:
     from pathlib import Path
 
     notebook = Path(__file__).resolve().parent.parent / "solutions" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
-    cell = next(c for c in json.loads(notebook.read_text())["cells"]
-                if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_no_head_loop")
+    cell = next(
+        c
+        for c in json.loads(notebook.read_text())["cells"]
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "test_no_head_loop"
+    )
     source = "".join(cell["source"])
-    visible = source[source.index("### END HIDDEN TESTS") + len("### END HIDDEN TESTS"):]
+    visible = source[source.index("### END HIDDEN TESTS") + len("### END HIDDEN TESTS") :]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(visible, "<test_no_head_loop>", "exec"), namespace)
@@ -469,12 +552,16 @@ def test_visible_loop_check_passes_a_loop_free_forward(ref):
 def test_visible_loop_check_asks_for_multi_head_attention_first(ref):
     """Unimplemented, there is nothing to count: the check fails and says what to do (it never 'passes')."""
     for unimplemented in ("__init__", "forward"):
-        source = module_with("raise NotImplementedError()") if unimplemented == "forward" else """
+        source = (
+            module_with("raise NotImplementedError()")
+            if unimplemented == "forward"
+            else """
             class MultiHeadAttention(nn.Module):
                 def __init__(self, d_model, n_heads):
                     super().__init__()
                     raise NotImplementedError()
             """
+        )
         with pytest.raises(AssertionError, match="implement MultiHeadAttention first"):
             visible_loop_check(learner_namespace(ref, source))
 
@@ -482,10 +569,13 @@ def test_visible_loop_check_asks_for_multi_head_attention_first(ref):
 def test_visible_loop_check_leaves_an_unfinished_helper_to_its_own_check(ref):
     """MultiHeadAttention written, split_heads not: the hidden check judges the forward with the
     reference helpers, so the visible part must not take those points away."""
-    source = textwrap.dedent("""
+    source = (
+        textwrap.dedent("""
         def split_heads(x, n_heads):
             raise NotImplementedError()
-        """) + catalogue_reference_class()
+        """)
+        + catalogue_reference_class()
+    )
     printed = visible_loop_check(learner_namespace(ref, source))
     assert "nothing to count until `split_heads` runs" in printed and "passes" not in printed
     assert loop_check(learner_namespace(ref, source)) is None

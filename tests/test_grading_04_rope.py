@@ -4,35 +4,50 @@ Also, outside nbgrader: the reference agrees with Hugging Face's own RoPE
 (``apply_rotary_pos_emb``, half-split) through ``neighbour_to_half_split``, and
 with the permutation of q/k weight rows that Hugging Face's converter applies.
 """
+
 import pytest
 import torch
+from grading_suite import GradingSuite
 
 from autograder import reference
-from grading_suite import GradingSuite
 
 
 class TestRopeGrading(GradingSuite):
     assignment = "04_rope"
 
     mistakes = {
-        "theta-positive-exponent": ("rope_frequencies", """
+        "theta-positive-exponent": (
+            "rope_frequencies",
+            """
             def rope_frequencies(head_dim, base=10000.0):
                 return base ** (torch.arange(0, head_dim, 2).float() / head_dim)
-            """, "theta-no-minus"),
-        "theta-i-over-d": ("rope_frequencies", """
+            """,
+            "theta-no-minus",
+        ),
+        "theta-i-over-d": (
+            "rope_frequencies",
+            """
             def rope_frequencies(head_dim, base=10000.0):
                 i = torch.arange(head_dim // 2)
                 return 1.0 / base ** (i / head_dim)
-            """, "theta-i-not-2i"),
-        "rope-halves": ("apply_rope", """
+            """,
+            "theta-i-not-2i",
+        ),
+        "rope-halves": (
+            "apply_rope",
+            """
             def apply_rope(x, positions, base=10000.0):
                 d = x.shape[-1]
                 angles = positions[:, None] * rope_frequencies(d, base)
                 cos, sin = torch.cos(angles).float(), torch.sin(angles).float()
                 x1, x2 = x[..., : d // 2], x[..., d // 2:]
                 return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-            """, "rope-half-split"),
-        "rope-arange": ("apply_rope", """
+            """,
+            "rope-half-split",
+        ),
+        "rope-arange": (
+            "apply_rope",
+            """
             def apply_rope(x, positions, base=10000.0):
                 T, d = x.shape[-2], x.shape[-1]
                 angles = torch.outer(torch.arange(T, dtype=torch.float32), rope_frequencies(d, base).float())
@@ -40,15 +55,23 @@ class TestRopeGrading(GradingSuite):
                 out[..., 0::2] = x[..., 0::2] * angles.cos() - x[..., 1::2] * angles.sin()
                 out[..., 1::2] = x[..., 0::2] * angles.sin() + x[..., 1::2] * angles.cos()
                 return out
-            """, "rope-positions-ignored"),
-        "rope-clockwise": ("apply_rope", """
+            """,
+            "rope-positions-ignored",
+        ),
+        "rope-clockwise": (
+            "apply_rope",
+            """
             def apply_rope(x, positions, base=10000.0):
                 angles = positions.float().unsqueeze(-1) * rope_frequencies(x.shape[-1], base).float()
                 cos, sin = angles.cos(), angles.sin()
                 even, odd = x[..., ::2], x[..., 1::2]
                 return torch.stack([even * cos + odd * sin, -even * sin + odd * cos], -1).flatten(-2)
-            """, "rope-wrong-direction"),
-        "rope-concatenated": ("apply_rope", """
+            """,
+            "rope-wrong-direction",
+        ),
+        "rope-concatenated": (
+            "apply_rope",
+            """
             def apply_rope(x, positions, base=10000.0):
                 theta = rope_frequencies(x.shape[-1], base)
                 angles = positions[..., None] * theta
@@ -56,16 +79,26 @@ class TestRopeGrading(GradingSuite):
                 new_even = even * torch.cos(angles) - odd * torch.sin(angles)
                 new_odd = even * torch.sin(angles) + odd * torch.cos(angles)
                 return torch.cat([new_even, new_odd], dim=-1).to(x.dtype)
-            """, "rope-pairs-not-interleaved"),
-        "reorder-backwards": ("neighbour_to_half_split", """
+            """,
+            "rope-pairs-not-interleaved",
+        ),
+        "reorder-backwards": (
+            "neighbour_to_half_split",
+            """
             def neighbour_to_half_split(x):
                 return x.reshape(*x.shape[:-1], 2, -1).transpose(-1, -2).reshape(x.shape)
-            """, "permutation-inverted"),
-        "reorder-flattened": ("neighbour_to_half_split", """
+            """,
+            "permutation-inverted",
+        ),
+        "reorder-flattened": (
+            "neighbour_to_half_split",
+            """
             def neighbour_to_half_split(x):
                 flat = x.flatten()
                 return torch.cat([flat[0::2], flat[1::2]]).view_as(x)
-            """, "permutation-mixes-batch"),
+            """,
+            "permutation-mixes-batch",
+        ),
     }
 
     alternatives = {
@@ -152,6 +185,7 @@ class TestRopeGrading(GradingSuite):
 
 # ---------------------------------------------------------------- against Hugging Face
 
+
 @pytest.fixture(scope="module")
 def solved():
     return reference.load("04_rope")
@@ -163,8 +197,14 @@ def test_reference_matches_hugging_face_rope_through_the_reordering(solved):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     n_heads, head_dim = 4, 32
-    config = LlamaConfig(hidden_size=n_heads * head_dim, num_attention_heads=n_heads, num_key_value_heads=n_heads,
-                         num_hidden_layers=1, vocab_size=100, rope_theta=10000.0)
+    config = LlamaConfig(
+        hidden_size=n_heads * head_dim,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_heads,
+        num_hidden_layers=1,
+        vocab_size=100,
+        rope_theta=10000.0,
+    )
     generator = torch.Generator().manual_seed(0)
     q = torch.randn(2, n_heads, 7, head_dim, generator=generator)
     k = torch.randn(2, n_heads, 7, head_dim, generator=generator)
@@ -199,13 +239,15 @@ def test_every_mutant_differs_from_the_reference_and_from_each_other(solved):
         for mistake in exercise.mistakes:
             mutant = mistake.mutant(solved)
             outputs[mistake.id] = [case.run(mutant) for case in cases]
-            assert any(close(o, r, exercise.atol, exercise.rtol) for o, r in zip(outputs[mistake.id], reference_outputs)), \
-                f"{mistake.id} never differs from the reference"
+            assert any(
+                close(o, r, exercise.atol, exercise.rtol) for o, r in zip(outputs[mistake.id], reference_outputs)
+            ), f"{mistake.id} never differs from the reference"
         for a in outputs:
             for b in outputs:
                 if a < b:
-                    assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[a], outputs[b])), \
+                    assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[a], outputs[b])), (
                         f"{a} and {b} give the same outputs on every case"
+                    )
 
 
 def test_a_solution_that_ignores_positions_passes_only_on_arange(solved):

@@ -3,6 +3,7 @@ tampering; and, without nbgrader, the properties the reference must have (G = H 
 multi-head attention, G = 1 multi-query attention, agreement with torch's
 scaled_dot_product_attention, cache sizes of published models) and a catalogue
 whose mutants can be told apart."""
+
 import itertools
 import textwrap
 
@@ -10,16 +11,16 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from grading_suite import GradingSuite
 
 from autograder import reference
 from autograder.checks import ModuleCase, close
 from autograder.exercises.grouped_query_attention import EXERCISES
-from grading_suite import GradingSuite
 
 ASSIGNMENT = "05_grouped_query_attention"
 
 # A learner's layer with one forward written in: the mistakes below differ only there.
-LAYER = '''
+LAYER = """
 class GroupedQueryAttention(nn.Module):
     def __init__(self, d_model, n_heads, n_kv_heads, rope_base=10000.0):
         super().__init__()
@@ -33,11 +34,13 @@ class GroupedQueryAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
 
     def forward(self, x, positions=None):
-'''
+"""
 
 
 def layer_with(forward_body: str) -> str:
-    body = "\n".join("        " + line if line.strip() else "" for line in textwrap.dedent(forward_body).strip("\n").splitlines())
+    body = "\n".join(
+        "        " + line if line.strip() else "" for line in textwrap.dedent(forward_body).strip("\n").splitlines()
+    )
     return LAYER + body + "\n"
 
 
@@ -45,29 +48,51 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
     assignment = ASSIGNMENT
 
     mistakes = {
-        "index-modulo": ("kv_head_index", """
+        "index-modulo": (
+            "kv_head_index",
+            """
             def kv_head_index(h, n_heads, n_kv_heads):
                 return h % n_kv_heads
-            """, "kv-index-modulo"),
-        "index-divided-by-g": ("kv_head_index", """
+            """,
+            "kv-index-modulo",
+        ),
+        "index-divided-by-g": (
+            "kv_head_index",
+            """
             def kv_head_index(h, n_heads, n_kv_heads):
                 return h // n_kv_heads
-            """, "kv-index-divided-by-g"),
-        "index-fraction": ("kv_head_index", """
+            """,
+            "kv-index-divided-by-g",
+        ),
+        "index-fraction": (
+            "kv_head_index",
+            """
             def kv_head_index(h, n_heads, n_kv_heads):
                 group = n_heads / n_kv_heads
                 return h / group
-            """, "kv-index-not-rounded-down"),
-        "repeat-tiled": ("repeat_kv", """
+            """,
+            "kv-index-not-rounded-down",
+        ),
+        "repeat-tiled": (
+            "repeat_kv",
+            """
             def repeat_kv(x, n_rep):
                 B, G, T, D = x.shape
                 return x.unsqueeze(1).expand(B, n_rep, G, T, D).reshape(B, n_rep * G, T, D)
-            """, "kv-repeat-tiled"),
-        "repeat-time-axis": ("repeat_kv", """
+            """,
+            "kv-repeat-tiled",
+        ),
+        "repeat-time-axis": (
+            "repeat_kv",
+            """
             def repeat_kv(x, n_rep):
                 return torch.repeat_interleave(x, n_rep, dim=-2)
-            """, "repeat-kv-wrong-axis"),
-        "layer-tiled": ("GroupedQueryAttention", layer_with("""
+            """,
+            "repeat-kv-wrong-axis",
+        ),
+        "layer-tiled": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             if positions is None:
                 positions = torch.arange(T)
@@ -80,8 +105,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             v = v.repeat(1, n_rep, 1, 1)
             out = attention(q, k, v, causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "kv-repeat-tiled"),
-        "layer-k-v-differ": ("GroupedQueryAttention", layer_with("""
+            """),
+            "kv-repeat-tiled",
+        ),
+        "layer-k-v-differ": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             if positions is None:
                 positions = torch.arange(T)
@@ -92,8 +121,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             v = v.repeat(1, self.n_heads // self.n_kv_heads, 1, 1)
             out = attention(q, k, v, causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-k-v-repeated-differently"),
-        "layer-not-causal": ("GroupedQueryAttention", layer_with("""
+            """),
+            "gqa-k-v-repeated-differently",
+        ),
+        "layer-not-causal": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             positions = torch.arange(T) if positions is None else positions
             q = apply_rope(self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), positions, self.rope_base)
@@ -101,8 +134,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-no-causal-mask"),
-        "layer-rope-q-only": ("GroupedQueryAttention", layer_with("""
+            """),
+            "gqa-no-causal-mask",
+        ),
+        "layer-rope-q-only": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             if positions is None:
                 positions = torch.arange(T)
@@ -113,8 +150,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             n_rep = self.n_heads // self.n_kv_heads
             out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-rope-not-on-k"),
-        "layer-rope-on-v": ("GroupedQueryAttention", layer_with("""
+            """),
+            "gqa-rope-not-on-k",
+        ),
+        "layer-rope-on-v": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             if positions is None:
                 positions = torch.arange(T)
@@ -125,8 +166,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             n_rep = self.n_heads // self.n_kv_heads
             out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-rope-on-v"),
-        "layer-positions-ignored": ("GroupedQueryAttention", layer_with("""
+            """),
+            "gqa-rope-on-v",
+        ),
+        "layer-positions-ignored": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             positions = torch.arange(T)
             q = apply_rope(self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2), positions, self.rope_base)
@@ -135,8 +180,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             n_rep = self.n_heads // self.n_kv_heads
             out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-positions-ignored"),
-        "layer-rope-whole-projection": ("GroupedQueryAttention", layer_with("""
+            """),
+            "gqa-positions-ignored",
+        ),
+        "layer-rope-whole-projection": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             if positions is None:
                 positions = torch.arange(T)
@@ -148,8 +197,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             n_rep = self.n_heads // self.n_kv_heads
             out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-rope-before-head-split"),
-        "layer-split-without-transpose": ("GroupedQueryAttention", layer_with("""
+            """),
+            "gqa-rope-before-head-split",
+        ),
+        "layer-split-without-transpose": (
+            "GroupedQueryAttention",
+            layer_with("""
             B, T, _ = x.shape
             if positions is None:
                 positions = torch.arange(T)
@@ -160,21 +213,35 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             n_rep = self.n_heads // self.n_kv_heads
             out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T))
             return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-            """), "gqa-heads-split-without-transpose"),
-        "cache-k-only": ("kv_cache_bytes", """
+            """),
+            "gqa-heads-split-without-transpose",
+        ),
+        "cache-k-only": (
+            "kv_cache_bytes",
+            """
             def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2):
                 return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_value
-            """, "kv-cache-missing-factor-2"),
-        "cache-counts-values": ("kv_cache_bytes", """
+            """,
+            "kv-cache-missing-factor-2",
+        ),
+        "cache-counts-values": (
+            "kv_cache_bytes",
+            """
             def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2):
                 values = 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size
                 return values
-            """, "kv-cache-counts-values"),
-        "cache-one-sequence": ("kv_cache_bytes", """
+            """,
+            "kv-cache-counts-values",
+        ),
+        "cache-one-sequence": (
+            "kv_cache_bytes",
+            """
             def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2):
                 per_layer = 2 * n_kv_heads * head_dim * seq_len * bytes_per_value
                 return n_layers * per_layer
-            """, "kv-cache-batch-ignored"),
+            """,
+            "kv-cache-batch-ignored",
+        ),
     }
 
     alternatives = {
@@ -328,6 +395,7 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
 
 # ---------------------------------------------------------------- the reference's properties
 
+
 @pytest.fixture(scope="module")
 def ref():
     return reference.load(ASSIGNMENT)
@@ -350,15 +418,18 @@ def test_seed_numbers(ref):
     assert ref.kv_cache_bytes(32, 32, 128, 4096) == 4 * ref.kv_cache_bytes(32, 8, 128, 4096)
 
 
-@pytest.mark.parametrize("n_layers, n_kv_heads, head_dim, seq_len, batch, width, expected", [
-    (32, 32, 128, 4096, 1, 2, 2 * 2**30),          # LLaMA-2-7B, float16: 2 GiB
-    (32, 32, 128, 4096, 1, 4, 4 * 2**30),          # LLaMA-2-7B, float32
-    (32, 32, 128, 1, 1, 2, 512 * 2**10),           # LLaMA-2-7B: 512 KiB per token
-    (32, 8, 128, 8192, 1, 2, 2**30),               # LLaMA-3-8B, full 8k context: 1 GiB
-    (32, 8, 128, 8192, 8, 4, 16 * 2**30),          # LLaMA-3-8B, batch 8, float32
-    (80, 8, 128, 1, 1, 2, 320 * 2**10),            # LLaMA-2-70B: 320 KiB per token
-    (32, 1, 64, 1, 1, 2, 8 * 2**10),               # Falcon-7B (one kv head): 8 KiB per token
-])
+@pytest.mark.parametrize(
+    "n_layers, n_kv_heads, head_dim, seq_len, batch, width, expected",
+    [
+        (32, 32, 128, 4096, 1, 2, 2 * 2**30),  # LLaMA-2-7B, float16: 2 GiB
+        (32, 32, 128, 4096, 1, 4, 4 * 2**30),  # LLaMA-2-7B, float32
+        (32, 32, 128, 1, 1, 2, 512 * 2**10),  # LLaMA-2-7B: 512 KiB per token
+        (32, 8, 128, 8192, 1, 2, 2**30),  # LLaMA-3-8B, full 8k context: 1 GiB
+        (32, 8, 128, 8192, 8, 4, 16 * 2**30),  # LLaMA-3-8B, batch 8, float32
+        (80, 8, 128, 1, 1, 2, 320 * 2**10),  # LLaMA-2-70B: 320 KiB per token
+        (32, 1, 64, 1, 1, 2, 8 * 2**10),  # Falcon-7B (one kv head): 8 KiB per token
+    ],
+)
 def test_kv_cache_bytes_of_published_models(ref, n_layers, n_kv_heads, head_dim, seq_len, batch, width, expected):
     assert ref.kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch, width) == expected
 
@@ -410,6 +481,7 @@ def test_repeat_kv_puts_kv_head_h_div_n_rep_under_query_head_h(ref):
 
 
 # ---------------------------------------------------------------- the catalogue
+
 
 def outputs(function, cases):
     results = []

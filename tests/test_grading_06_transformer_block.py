@@ -4,13 +4,14 @@ Plus, without nbgrader: every catalogued mutant is named as itself by the
 hidden check (so the cases tell every mistake apart from the reference and
 from the others).
 """
+
 import textwrap
 
 import pytest
+from grading_suite import GradingSuite
 
 from autograder import checks, reference
 from autograder.exercises import module_for
-from grading_suite import GradingSuite
 
 ASSIGNMENT = "06_transformer_block"
 
@@ -42,7 +43,12 @@ class TransformerBlock(nn.Module):
 
 def with_forward(init: str, forward: str) -> str:
     """A class answer: the usual __init__, and the forward given (indented into the class)."""
-    return textwrap.dedent(init).strip("\n") + "\n\n" + textwrap.indent(textwrap.dedent(forward).strip("\n"), "    ") + "\n"
+    return (
+        textwrap.dedent(init).strip("\n")
+        + "\n\n"
+        + textwrap.indent(textwrap.dedent(forward).strip("\n"), "    ")
+        + "\n"
+    )
 
 
 def rmsnorm(forward):
@@ -61,85 +67,153 @@ class TestTransformerBlockGrading(GradingSuite):
     assignment = ASSIGNMENT
 
     mistakes = {
-        "rmsnorm-eps-outside": ("RMSNorm", rmsnorm("""
+        "rmsnorm-eps-outside": (
+            "RMSNorm",
+            rmsnorm("""
             def forward(self, x):
                 rms = torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True))
                 return self.weight * x / (rms + self.eps)
-            """), "rmsnorm-eps-outside-sqrt"),
-        "rmsnorm-plain-mean": ("RMSNorm", rmsnorm("""
+            """),
+            "rmsnorm-eps-outside-sqrt",
+        ),
+        "rmsnorm-plain-mean": (
+            "RMSNorm",
+            rmsnorm("""
             def forward(self, x):
                 mean = x.mean(-1, keepdim=True)
                 return self.weight * x / torch.sqrt(mean + self.eps)
-            """), "rmsnorm-mean-not-mean-of-squares"),
-        "rmsnorm-whole-tensor": ("RMSNorm", rmsnorm("""
+            """),
+            "rmsnorm-mean-not-mean-of-squares",
+        ),
+        "rmsnorm-whole-tensor": (
+            "RMSNorm",
+            rmsnorm("""
             def forward(self, x):
                 return self.weight * x / torch.sqrt(torch.mean(x * x) + self.eps)
-            """), "rmsnorm-wrong-axis"),
-        "rmsnorm-forgot-root": ("RMSNorm", rmsnorm("""
+            """),
+            "rmsnorm-wrong-axis",
+        ),
+        "rmsnorm-forgot-root": (
+            "RMSNorm",
+            rmsnorm("""
             def forward(self, x):
                 return x / (x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-            """), "rmsnorm-no-sqrt"),
-        "rmsnorm-layer-norm": ("RMSNorm", rmsnorm("""
+            """),
+            "rmsnorm-no-sqrt",
+        ),
+        "rmsnorm-layer-norm": (
+            "RMSNorm",
+            rmsnorm("""
             def forward(self, x):
                 return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
-            """), "rmsnorm-centred"),
-        "rmsnorm-unscaled": ("RMSNorm", rmsnorm("""
+            """),
+            "rmsnorm-centred",
+        ),
+        "rmsnorm-unscaled": (
+            "RMSNorm",
+            rmsnorm("""
             def forward(self, x):
                 return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-            """), "rmsnorm-no-weight"),
-        "swiglu-silu-on-up": ("SwiGLU", swiglu("""
+            """),
+            "rmsnorm-no-weight",
+        ),
+        "swiglu-silu-on-up": (
+            "SwiGLU",
+            swiglu("""
             def forward(self, x):
                 return self.w2(self.w1(x) * F.silu(self.w3(x)))
-            """), "swiglu-w1-w3-swapped"),
-        "swiglu-gelu": ("SwiGLU", swiglu("""
+            """),
+            "swiglu-w1-w3-swapped",
+        ),
+        "swiglu-gelu": (
+            "SwiGLU",
+            swiglu("""
             def forward(self, x):
                 return self.w2(F.gelu(self.w1(x)) * self.w3(x))
-            """), "swiglu-gelu"),
-        "swiglu-relu": ("SwiGLU", swiglu("""
+            """),
+            "swiglu-gelu",
+        ),
+        "swiglu-relu": (
+            "SwiGLU",
+            swiglu("""
             def forward(self, x):
                 return self.w2(torch.relu(self.w1(x)) * self.w3(x))
-            """), "swiglu-relu"),
-        "swiglu-sigmoid-gate": ("SwiGLU", swiglu("""
+            """),
+            "swiglu-relu",
+        ),
+        "swiglu-sigmoid-gate": (
+            "SwiGLU",
+            swiglu("""
             def forward(self, x):
                 return self.w2(torch.sigmoid(self.w1(x)) * self.w3(x))
-            """), "swiglu-sigmoid"),
-        "swiglu-ungated": ("SwiGLU", swiglu("""
+            """),
+            "swiglu-sigmoid",
+        ),
+        "swiglu-ungated": (
+            "SwiGLU",
+            swiglu("""
             def forward(self, x):
                 return self.w2(F.silu(self.w1(x)))
-            """), "swiglu-no-gate"),
-        "block-post-norm": ("TransformerBlock", block("""
+            """),
+            "swiglu-no-gate",
+        ),
+        "block-post-norm": (
+            "TransformerBlock",
+            block("""
             def forward(self, x, positions=None):
                 x = self.attn_norm(x + self.attn(x, positions))
                 x = self.mlp_norm(x + self.mlp(x))
                 return x
-            """), "block-post-norm"),
-        "block-no-mlp-residual": ("TransformerBlock", block("""
+            """),
+            "block-post-norm",
+        ),
+        "block-no-mlp-residual": (
+            "TransformerBlock",
+            block("""
             def forward(self, x, positions=None):
                 h = x + self.attn(self.attn_norm(x), positions)
                 return self.mlp(self.mlp_norm(h))
-            """), "block-missing-residual"),
-        "block-normed-residual": ("TransformerBlock", block("""
+            """),
+            "block-missing-residual",
+        ),
+        "block-normed-residual": (
+            "TransformerBlock",
+            block("""
             def forward(self, x, positions=None):
                 x = self.attn_norm(x)
                 x = x + self.attn(x, positions)
                 x = self.mlp_norm(x)
                 x = x + self.mlp(x)
                 return x
-            """), "block-residual-from-normed"),
-        "block-one-norm": ("TransformerBlock", block("""
+            """),
+            "block-residual-from-normed",
+        ),
+        "block-one-norm": (
+            "TransformerBlock",
+            block("""
             def forward(self, x, positions=None):
                 x = x + self.attn(self.attn_norm(x), positions)
                 return x + self.mlp(self.attn_norm(x))
-            """), "block-norm-reused"),
-        "block-parallel": ("TransformerBlock", block("""
+            """),
+            "block-norm-reused",
+        ),
+        "block-parallel": (
+            "TransformerBlock",
+            block("""
             def forward(self, x, positions=None):
                 return x + self.attn(self.attn_norm(x), positions) + self.mlp(self.mlp_norm(x))
-            """), "block-parallel"),
-        "block-no-positions": ("TransformerBlock", block("""
+            """),
+            "block-parallel",
+        ),
+        "block-no-positions": (
+            "TransformerBlock",
+            block("""
             def forward(self, x, positions=None):
                 x = x + self.attn(self.attn_norm(x))
                 return x + self.mlp(self.mlp_norm(x))
-            """), "block-positions-dropped"),
+            """),
+            "block-positions-dropped",
+        ),
     }
 
     alternatives = {
@@ -322,6 +396,7 @@ class TestTransformerBlockGrading(GradingSuite):
 
 
 # ---------------------------------------------------------------- the catalogue, without nbgrader
+
 
 def catalogue():
     for name, exercise in module_for(ASSIGNMENT).EXERCISES.items():

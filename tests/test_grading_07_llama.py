@@ -1,4 +1,5 @@
 """Notebook 07 graded by real nbgrader: each catalogued mistake, correct alternatives, tampering."""
+
 from grading_suite import GradingSuite
 
 # ---------------------------------------------------------------- ModelConfig answers
@@ -89,7 +90,7 @@ class ModelConfig:
 
 # ---------------------------------------------------------------- Llama answers
 
-LLAMA_INIT = '''
+LLAMA_INIT = """
 class Llama(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -101,7 +102,7 @@ class Llama(nn.Module):
             for _ in range(config.n_layers)])
         self.norm = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-'''
+"""
 
 
 def llama_with(forward: str) -> str:
@@ -110,9 +111,12 @@ def llama_with(forward: str) -> str:
 
 # ---------------------------------------------------------------- generate answers
 
+
 def generate_with(pick: str, body: str | None = None) -> str:
     """A generate whose sampling step (given the last logits, `logits`) is ``pick``."""
-    body = body or '''
+    body = (
+        body
+        or """
     for _ in range(max_new_tokens):
         logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :]
         if temperature == 0:
@@ -121,24 +125,26 @@ def generate_with(pick: str, body: str | None = None) -> str:
 {pick}
         tokens = torch.cat((tokens, next_token), dim=1)
     return tokens
-'''
+"""
+    )
     indented = "\n".join("            " + line if line else line for line in pick.strip("\n").splitlines())
-    return "@torch.no_grad()\ndef generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):" + \
-        body.replace("{pick}", indented)
+    return "@torch.no_grad()\ndef generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):" + body.replace(
+        "{pick}", indented
+    )
 
 
-RIGHT_PICK = '''
+RIGHT_PICK = """
 logits = logits / temperature
 if top_k is not None:
     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
     logits[logits < v[:, [-1]]] = -float("inf")
 probs = F.softmax(logits, dim=-1)
 next_token = torch.multinomial(probs, num_samples=1)
-'''
+"""
 
 # ---------------------------------------------------------------- load answers
 
-LOAD_HEAD = '''
+LOAD_HEAD = """
 def load_hf_llama_state_dict(model, state_dict):
     cfg = model.config
     hd = cfg.d_model // cfg.n_heads
@@ -148,8 +154,8 @@ def load_hf_llama_state_dict(model, state_dict):
         "norm.weight": sd["model.norm.weight"],
         "lm_head.weight": sd.get("lm_head.weight", sd["model.embed_tokens.weight"]),
     }
-'''
-LOAD_LAYERS = '''
+"""
+LOAD_LAYERS = """
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
         new[f"layers.{i}.attn_norm.weight"] = sd[p + "input_layernorm.weight"]
@@ -163,18 +169,17 @@ LOAD_LAYERS = '''
         new[f"layers.{i}.mlp.w2.weight"] = sd[p + "mlp.down_proj.weight"]
     model.load_state_dict(new)
     return model
-'''
+"""
 
 
 def loader(q: str, k: str, w1: str = "gate_proj", w3: str = "up_proj", helper: str = "") -> str:
-    return LOAD_HEAD + helper + LOAD_LAYERS.replace("{q}", q).replace("{k}", k) \
-        .replace("{w1}", w1).replace("{w3}", w3)
+    return LOAD_HEAD + helper + LOAD_LAYERS.replace("{q}", q).replace("{k}", k).replace("{w1}", w1).replace("{w3}", w3)
 
 
-PERMUTE_HELPER = '''
+PERMUTE_HELPER = """
     def permute(w, n):
         return w.view(n, 2, hd // 2, w.shape[1]).transpose(1, 2).reshape(n * hd, w.shape[1])
-'''
+"""
 RIGHT_Q = 'permute(sd[p + "self_attn.q_proj.weight"], cfg.n_heads)'
 RIGHT_K = 'permute(sd[p + "self_attn.k_proj.weight"], cfg.n_kv_heads)'
 
@@ -186,80 +191,124 @@ class TestLlamaGrading(GradingSuite):
         "config-eps-1e-5": ("ModelConfig", CONFIG_EPS_1E5, "config-eps-default"),
         "config-unchecked": ("ModelConfig", CONFIG_UNCHECKED, "config-not-validated"),
         "config-groups-unchecked": ("ModelConfig", CONFIG_GROUPS_UNCHECKED, "config-groups-not-checked"),
-        "llama-no-final-norm": ("Llama", llama_with('''
+        "llama-no-final-norm": (
+            "Llama",
+            llama_with("""
     def forward(self, tokens):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(x)
-'''), "final-norm-missing"),
-        "llama-blocks-read-embeddings": ("Llama", llama_with('''
+"""),
+            "final-norm-missing",
+        ),
+        "llama-blocks-read-embeddings": (
+            "Llama",
+            llama_with("""
     def forward(self, tokens):
         h = self.embed(tokens)
         for block in self.layers:
             out = block(h)
         return self.lm_head(self.norm(out))
-'''), "layers-not-chained"),
-        "llama-residual-twice": ("Llama", llama_with('''
+"""),
+            "layers-not-chained",
+        ),
+        "llama-residual-twice": (
+            "Llama",
+            llama_with("""
     def forward(self, tokens):
         x = self.embed(tokens)
         for layer in self.layers:
             x = x + layer(x)   # residual connection
         return self.lm_head(self.norm(x))
-'''), "residual-added-twice"),
-        "llama-returns-probabilities": ("Llama", llama_with('''
+"""),
+            "residual-added-twice",
+        ),
+        "llama-returns-probabilities": (
+            "Llama",
+            llama_with("""
     def forward(self, tokens):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
         logits = self.lm_head(self.norm(x))
         return logits.softmax(dim=-1)
-'''), "softmax-on-logits"),
-        "llama-scaled-embedding": ("Llama", llama_with('''
+"""),
+            "softmax-on-logits",
+        ),
+        "llama-scaled-embedding": (
+            "Llama",
+            llama_with("""
     def forward(self, tokens):
         x = self.embed(tokens) * self.config.d_model ** 0.5
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.norm(x))
-'''), "embedding-scaled"),
-        "llama-last-position": ("Llama", llama_with('''
+"""),
+            "embedding-scaled",
+        ),
+        "llama-last-position": (
+            "Llama",
+            llama_with("""
     def forward(self, tokens):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
         x = self.norm(x[:, -1, :])
         return self.lm_head(x)
-'''), "last-position-only"),
-        "generate-temperature-after-softmax": ("generate", generate_with('''
+"""),
+            "last-position-only",
+        ),
+        "generate-temperature-after-softmax": (
+            "generate",
+            generate_with("""
 probs = F.softmax(logits, dim=-1) / temperature
 if top_k is not None:
     v, _ = torch.topk(probs, min(top_k, probs.size(-1)))
     probs[probs < v[:, [-1]]] = 0
 next_token = torch.multinomial(probs, num_samples=1)
-'''), "temperature-after-softmax"),
-        "generate-temperature-multiplied": ("generate", generate_with('''
+"""),
+            "temperature-after-softmax",
+        ),
+        "generate-temperature-multiplied": (
+            "generate",
+            generate_with("""
 logits = logits * temperature
 if top_k is not None:
     v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
     logits[logits < v[:, [-1]]] = -float("inf")
 next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-'''), "temperature-multiplied"),
-        "generate-top-k-ascending-sort": ("generate", generate_with('''
+"""),
+            "temperature-multiplied",
+        ),
+        "generate-top-k-ascending-sort": (
+            "generate",
+            generate_with("""
 logits = logits / temperature
 if top_k is not None:
     sorted_logits, _ = torch.sort(logits, dim=-1)
     cutoff = sorted_logits[:, top_k - 1].unsqueeze(-1)
     logits = logits.masked_fill(logits < cutoff, float("-inf"))
 next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-'''), "top-k-sort-ascending"),
-        "generate-top-k-first-value": ("generate", generate_with('''
+"""),
+            "top-k-sort-ascending",
+        ),
+        "generate-top-k-first-value": (
+            "generate",
+            generate_with("""
 logits = logits / temperature
 if top_k is not None:
     values, _ = torch.topk(logits, min(top_k, logits.size(-1)))
     logits[logits < values[:, 0:1]] = float("-inf")
 next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-'''), "top-k-threshold-largest"),
-        "generate-last-token-only": ("generate", generate_with(RIGHT_PICK, '''
+"""),
+            "top-k-threshold-largest",
+        ),
+        "generate-last-token-only": (
+            "generate",
+            generate_with(
+                RIGHT_PICK,
+                """
     for _ in range(max_new_tokens):
         logits = model(tokens[:, -1:])[:, -1, :]
         if temperature == 0:
@@ -268,8 +317,15 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 {pick}
         tokens = torch.cat((tokens, next_token), dim=1)
     return tokens
-'''), "last-token-only"),
-        "generate-prompt-only": ("generate", generate_with(RIGHT_PICK, '''
+""",
+            ),
+            "last-token-only",
+        ),
+        "generate-prompt-only": (
+            "generate",
+            generate_with(
+                RIGHT_PICK,
+                """
     out = tokens
     for _ in range(max_new_tokens):
         logits = model(tokens[:, -model.config.max_seq_len:])[:, -1, :]
@@ -279,8 +335,15 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 {pick}
         out = torch.cat((out, next_token), dim=1)
     return out
-'''), "sequence-not-extended"),
-        "generate-whole-sequence": ("generate", generate_with(RIGHT_PICK, '''
+""",
+            ),
+            "sequence-not-extended",
+        ),
+        "generate-whole-sequence": (
+            "generate",
+            generate_with(
+                RIGHT_PICK,
+                """
     for _ in range(max_new_tokens):
         logits = model(tokens)[:, -1, :]   # the model reads everything written so far
         if temperature == 0:
@@ -289,8 +352,15 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 {pick}
         tokens = torch.cat((tokens, next_token), dim=1)
     return tokens
-'''), "context-not-cropped"),
-        "generate-first-tokens": ("generate", generate_with(RIGHT_PICK, '''
+""",
+            ),
+            "context-not-cropped",
+        ),
+        "generate-first-tokens": (
+            "generate",
+            generate_with(
+                RIGHT_PICK,
+                """
     for _ in range(max_new_tokens):
         window = tokens[:, :model.config.max_seq_len]
         logits = model(window)[:, -1, :]
@@ -300,30 +370,51 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 {pick}
         tokens = torch.cat((tokens, next_token), dim=1)
     return tokens
-'''), "context-keeps-first-tokens"),
+""",
+            ),
+            "context-keeps-first-tokens",
+        ),
         "config-context-unchecked": ("ModelConfig", CONFIG_CONTEXT_UNCHECKED, "config-context-not-checked"),
-        "loss-no-shift": ("lm_loss", '''
+        "loss-no-shift": (
+            "lm_loss",
+            """
             def lm_loss(logits, tokens):
                 B, T, V = logits.shape
                 return F.cross_entropy(logits.reshape(B * T, V), tokens.reshape(B * T))
-            ''', "loss-no-shift"),
-        "loss-shift-wrong-way": ("lm_loss", '''
+            """,
+            "loss-no-shift",
+        ),
+        "loss-shift-wrong-way": (
+            "lm_loss",
+            """
             def lm_loss(logits, tokens):
                 V = logits.shape[-1]
                 return F.cross_entropy(logits[:, 1:].reshape(-1, V), tokens[:, :-1].reshape(-1))
-            ''', "loss-shift-wrong-way"),
-        "loss-wrong-axis": ("lm_loss", '''
+            """,
+            "loss-shift-wrong-way",
+        ),
+        "loss-wrong-axis": (
+            "lm_loss",
+            """
             def lm_loss(logits, tokens):
                 log_probs = torch.log_softmax(logits[:, :-1], dim=1)
                 picked = torch.gather(log_probs, 2, tokens[:, 1:].unsqueeze(-1))
                 return -picked.mean()
-            ''', "loss-wrong-axis"),
-        "loss-summed": ("lm_loss", '''
+            """,
+            "loss-wrong-axis",
+        ),
+        "loss-summed": (
+            "lm_loss",
+            """
             def lm_loss(logits, tokens):
                 V = logits.shape[-1]
                 return F.cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1), reduction="sum")
-            ''', "loss-summed"),
-        "lr-warmup-from-zero": ("lr_at", '''
+            """,
+            "loss-summed",
+        ),
+        "lr-warmup-from-zero": (
+            "lr_at",
+            """
             def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                 if step < warmup_steps:
                     return max_lr * step / warmup_steps
@@ -331,21 +422,33 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                     return min_lr
                 progress = (step - warmup_steps) / (total_steps - warmup_steps)
                 return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
-            ''', "lr-warmup-off-by-one"),
-        "lr-constant-after-warmup": ("lr_at", '''
+            """,
+            "lr-warmup-off-by-one",
+        ),
+        "lr-constant-after-warmup": (
+            "lr_at",
+            """
             def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                 if step < warmup_steps:
                     return max_lr * (step + 1) / warmup_steps
                 return max_lr
-            ''', "lr-no-decay"),
-        "lr-cosine-runs-on": ("lr_at", '''
+            """,
+            "lr-no-decay",
+        ),
+        "lr-cosine-runs-on": (
+            "lr_at",
+            """
             def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                 if step < warmup_steps:
                     return max_lr * (step + 1) / warmup_steps
                 t = (step - warmup_steps) / (total_steps - warmup_steps)
                 return min_lr + (max_lr - min_lr) * (1 + math.cos(math.pi * t)) / 2
-            ''', "lr-decay-past-end"),
-        "lr-decays-to-zero": ("lr_at", '''
+            """,
+            "lr-decay-past-end",
+        ),
+        "lr-decays-to-zero": (
+            "lr_at",
+            """
             def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                 if step < warmup_steps:
                     return max_lr * (step + 1) / warmup_steps
@@ -353,33 +456,60 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                     return 0.0
                 progress = (step - warmup_steps) / (total_steps - warmup_steps)
                 return max_lr * 0.5 * (1 + math.cos(math.pi * progress))
-            ''', "lr-min-lr-ignored"),
-        "lr-cosine-from-step-zero": ("lr_at", '''
+            """,
+            "lr-min-lr-ignored",
+        ),
+        "lr-cosine-from-step-zero": (
+            "lr_at",
+            """
             def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                 if step < warmup_steps:
                     return max_lr * (step + 1) / warmup_steps
                 if step >= total_steps:
                     return min_lr
                 return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * step / total_steps))
-            ''', "lr-decay-from-step-zero"),
-        "load-no-permutation": ("load_hf_llama_state_dict", loader(
-            'sd[p + "self_attn.q_proj.weight"]', 'sd[p + "self_attn.k_proj.weight"]'), "no-qk-permutation"),
-        "load-converter-direction": ("load_hf_llama_state_dict", loader(
-            'permute(sd[p + "self_attn.q_proj.weight"], cfg.n_heads)',
-            'permute(sd[p + "self_attn.k_proj.weight"], cfg.n_kv_heads)', helper='''
+            """,
+            "lr-decay-from-step-zero",
+        ),
+        "load-no-permutation": (
+            "load_hf_llama_state_dict",
+            loader('sd[p + "self_attn.q_proj.weight"]', 'sd[p + "self_attn.k_proj.weight"]'),
+            "no-qk-permutation",
+        ),
+        "load-converter-direction": (
+            "load_hf_llama_state_dict",
+            loader(
+                'permute(sd[p + "self_attn.q_proj.weight"], cfg.n_heads)',
+                'permute(sd[p + "self_attn.k_proj.weight"], cfg.n_kv_heads)',
+                helper="""
     def permute(w, n):  # from the HF conversion script
         return w.view(n, hd // 2, 2, w.shape[1]).transpose(1, 2).reshape(n * hd, w.shape[1])
-'''), "qk-permutation-inverted"),
-        "load-k-as-query-heads": ("load_hf_llama_state_dict", loader(
-            'permute(sd[p + "self_attn.q_proj.weight"])', 'permute(sd[p + "self_attn.k_proj.weight"])', helper='''
+""",
+            ),
+            "qk-permutation-inverted",
+        ),
+        "load-k-as-query-heads": (
+            "load_hf_llama_state_dict",
+            loader(
+                'permute(sd[p + "self_attn.q_proj.weight"])',
+                'permute(sd[p + "self_attn.k_proj.weight"])',
+                helper="""
     def permute(w):
         rows, dim = w.shape
         head = rows // cfg.n_heads
         return w.view(cfg.n_heads, 2, head // 2, dim).transpose(1, 2).reshape(rows, dim)
-'''), "k-permuted-with-query-heads"),
-        "load-gate-up-swapped": ("load_hf_llama_state_dict", loader(RIGHT_Q, RIGHT_K, w1="up_proj", w3="gate_proj",
-                                                                     helper=PERMUTE_HELPER), "gate-up-swapped"),
-        "load-not-strict": ("load_hf_llama_state_dict", '''
+""",
+            ),
+            "k-permuted-with-query-heads",
+        ),
+        "load-gate-up-swapped": (
+            "load_hf_llama_state_dict",
+            loader(RIGHT_Q, RIGHT_K, w1="up_proj", w3="gate_proj", helper=PERMUTE_HELPER),
+            "gate-up-swapped",
+        ),
+        "load-not-strict": (
+            "load_hf_llama_state_dict",
+            """
             def load_hf_llama_state_dict(model, state_dict):
                 cfg = model.config
                 head_dim = cfg.d_model // cfg.n_heads
@@ -397,19 +527,21 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                     ours[name] = tensor
                 model.load_state_dict(ours, strict=False)  # skip anything we do not have
                 return model
-            ''', "tied-lm-head-not-loaded"),
+            """,
+            "tied-lm-head-not-loaded",
+        ),
     }
 
     alternatives = {
         "frozen-sequential-categorical-indexing": {
-            "lm_loss": '''
+            "lm_loss": """
                 def lm_loss(logits, tokens):
                     # log-probabilities of the true next tokens, in float64, averaged by hand
                     log_probs = torch.log_softmax(logits[:, :-1].double(), dim=-1)
                     picked = log_probs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
                     return -picked.sum() / picked.numel()
-                ''',
-            "lr_at": '''
+                """,
+            "lr_at": """
                 import numpy as np
 
                 def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
@@ -417,8 +549,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                         frac = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
                         return float(min_lr + (max_lr - min_lr) * (np.cos(np.pi * frac) + 1) / 2)
                     return max_lr * (step + 1) / warmup_steps
-                ''',
-            "ModelConfig": '''
+                """,
+            "ModelConfig": """
                 from dataclasses import dataclass, field
 
                 @dataclass(frozen=True)
@@ -445,8 +577,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                             problems.append("max_seq_len must be at least 1")
                         if problems:
                             raise ValueError("; ".join(problems))
-                ''',
-            "Llama": '''
+                """,
+            "Llama": """
                 class Llama(nn.Module):
                     def __init__(self, config):
                         super().__init__()
@@ -462,8 +594,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
 
                     def forward(self, tokens):
                         return self.lm_head(self.norm(self.layers(self.embed(tokens))))
-                ''',
-            "generate": '''
+                """,
+            "generate": """
                 @torch.no_grad()
                 def generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
                     seq = tokens
@@ -483,8 +615,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                                 choice = torch.distributions.Categorical(probs=probs).sample()[:, None]
                         seq = torch.cat([seq, choice.to(seq.dtype)], dim=-1)
                     return seq
-                ''',
-            "load_hf_llama_state_dict": '''
+                """,
+            "load_hf_llama_state_dict": """
                 def load_hf_llama_state_dict(model, state_dict):
                     cfg = model.config
                     head_dim = cfg.d_model // cfg.n_heads
@@ -511,23 +643,23 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                         mine[new] = tensor
                     model.load_state_dict(mine, strict=True)
                     return model
-                ''',
+                """,
         },
         "positional-where-scatter-copy": {
-            "lm_loss": '''
+            "lm_loss": """
                 def lm_loss(logits, tokens):
                     losses = [F.cross_entropy(logits[b, :-1], tokens[b, 1:]) for b in range(logits.shape[0])]
                     return torch.stack(losses).mean()   # every sequence has T - 1 predictions: the same mean
-                ''',
-            "lr_at": '''
+                """,
+            "lr_at": """
                 def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                     step = torch.tensor(float(step))
                     warm = max_lr * (step + 1) / max(warmup_steps, 1)
                     progress = ((step - warmup_steps) / max(total_steps - warmup_steps, 1)).clamp(0.0, 1.0)
                     cosine = min_lr + (max_lr - min_lr) * 0.5 * (1 + torch.cos(torch.pi * progress))
                     return torch.where(step < warmup_steps, warm, cosine).item()
-                ''',
-            "ModelConfig": '''
+                """,
+            "ModelConfig": """
                 @dataclass
                 class ModelConfig:
                     vocab_size: int
@@ -547,8 +679,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                             raise ValueError("n_heads must be a multiple of n_kv_heads")
                         if self.max_seq_len < 1:
                             raise ValueError("max_seq_len must be at least 1")
-                ''',
-            "Llama": '''
+                """,
+            "Llama": """
                 class Llama(nn.Module):
                     def __init__(self, config):
                         super().__init__()
@@ -569,8 +701,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                             h = self.layers[i](h, positions)
                         h = self.norm(h)
                         return torch.einsum("btd,vd->btv", h, self.lm_head.weight)
-                ''',
-            "generate": '''
+                """,
+            "generate": """
                 def generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
                     with torch.no_grad():
                         for step in range(max_new_tokens):
@@ -587,8 +719,8 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                                 new = torch.multinomial(softmax(scaled), 1)
                             tokens = torch.cat([tokens, new], dim=1)
                     return tokens
-                ''',
-            "load_hf_llama_state_dict": '''
+                """,
+            "load_hf_llama_state_dict": """
                 import re
 
                 def load_hf_llama_state_dict(model, state_dict):
@@ -616,20 +748,20 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                                 w = torch.stack([halves[:, 0], halves[:, 1]], dim=2).reshape(n * hd, -1)
                             params[f"layers.{layer}.{names[part]}.weight"].copy_(w)
                     return model
-                ''',
+                """,
         },
     }
 
     wrong_answers = {
-        "lm_loss": '''
+        "lm_loss": """
             def lm_loss(logits, tokens):
                 return torch.tensor(1.0)
-            ''',
-        "lr_at": '''
+            """,
+        "lr_at": """
             def lr_at(step, max_lr, warmup_steps, total_steps, min_lr=0.0):
                 return max_lr
-            ''',
-        "ModelConfig": '''
+            """,
+        "ModelConfig": """
             @dataclass
             class ModelConfig:
                 vocab_size: int
@@ -640,17 +772,18 @@ next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
                 d_hidden: int
                 norm_eps: float = 0.1
                 rope_base: float = 1.0
-            ''',
-        "Llama": LLAMA_INIT + '''
+            """,
+        "Llama": LLAMA_INIT
+        + """
     def forward(self, tokens):
         return torch.zeros(*tokens.shape, self.config.vocab_size)
-''',
-        "generate": '''
+""",
+        "generate": """
             def generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
                 return torch.cat([tokens, torch.zeros(tokens.shape[0], max_new_tokens, dtype=tokens.dtype)], dim=1)
-            ''',
-        "load_hf_llama_state_dict": '''
+            """,
+        "load_hf_llama_state_dict": """
             def load_hf_llama_state_dict(model, state_dict):
                 return model
-            ''',
+            """,
     }

@@ -3,11 +3,12 @@
 The catalogue's mutants against the reference and each other are checked without
 nbgrader in test_kv_cache_reference.py.
 """
+
 from grading_suite import GradingSuite
 
 # ---------------------------------------------------------------- KVCache answers
 
-CACHE_REPLACES = '''
+CACHE_REPLACES = """
 class KVCache:
     def __init__(self):
         self.keys = {}
@@ -21,9 +22,9 @@ class KVCache:
     @property
     def length(self):
         return self.keys[0].shape[2] if self.keys else 0
-'''
+"""
 
-CACHE_RETURNS_NEW = '''
+CACHE_RETURNS_NEW = """
 class KVCache:
     def __init__(self):
         self.k = {}
@@ -40,9 +41,9 @@ class KVCache:
     @property
     def length(self):
         return 0 if not self.k else self.k[0].shape[2]
-'''
+"""
 
-CACHE_NEW_FIRST = '''
+CACHE_NEW_FIRST = """
 class KVCache:
     def __init__(self):
         self.store = {}
@@ -57,9 +58,9 @@ class KVCache:
     @property
     def length(self):
         return self.store[0][0].shape[2] if 0 in self.store else 0
-'''
+"""
 
-CACHE_LENGTH_EVERY_UPDATE = '''
+CACHE_LENGTH_EVERY_UPDATE = """
 class KVCache:
     def __init__(self):
         self.keys, self.values = {}, {}
@@ -72,9 +73,9 @@ class KVCache:
             v = torch.cat([self.values[layer], v], dim=2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
-'''
+"""
 
-CACHE_LENGTH_LAYERS = '''
+CACHE_LENGTH_LAYERS = """
 class KVCache:
     def __init__(self):
         self.layers = {}
@@ -89,39 +90,39 @@ class KVCache:
     @property
     def length(self):
         return len(self.layers)
-'''
+"""
 
 # ---------------------------------------------------------------- attend_with_cache answers
 
-ATTEND_HEAD = '''
+ATTEND_HEAD = """
 def attend_with_cache(attn, x, positions, cache, layer):
     B, T, _ = x.shape
     H, G, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
     q = attn.q_proj(x).view(B, T, H, Dh).transpose(1, 2)
     k = attn.k_proj(x).view(B, T, G, Dh).transpose(1, 2)
     v = attn.v_proj(x).view(B, T, G, Dh).transpose(1, 2)
-'''
+"""
 
 
 def attend_with(body: str) -> str:
     return ATTEND_HEAD + body
 
 
-ATTEND_TAIL = '''
+ATTEND_TAIL = """
     out = attention(q, repeat_kv(k, H // G), repeat_kv(v, H // G), causal_mask(T, S))
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
-'''
+"""
 
 # ---------------------------------------------------------------- forward_cached answers
 
-FORWARD_HEAD = '''
+FORWARD_HEAD = """
 @torch.no_grad()
 def forward_cached(model, tokens, cache):
-'''
+"""
 
 # ---------------------------------------------------------------- generate_cached answers
 
-PICK = '''
+PICK = """
         if temperature == 0:
             next_token = logits.argmax(dim=-1, keepdim=True)
         else:
@@ -130,31 +131,41 @@ PICK = '''
                 kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             next_token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-'''
+"""
 
-LIMIT = '''
+LIMIT = """
     if tokens.shape[1] + max_new_tokens > model.config.max_seq_len:
         raise ValueError(f"too long for max_seq_len={model.config.max_seq_len}")
-'''
+"""
 
 
 def generate_with(before_loop: str, in_loop_before_pick: str, in_loop_after_pick: str, limit: str = LIMIT) -> str:
-    return ('''
+    return (
+        """
 @torch.no_grad()
 def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
-''' + limit + before_loop + '''
+"""
+        + limit
+        + before_loop
+        + """
     for _ in range(max_new_tokens):
-''' + in_loop_before_pick + PICK + '''
+"""
+        + in_loop_before_pick
+        + PICK
+        + """
         tokens = torch.cat([tokens, next_token], dim=1)
-''' + in_loop_after_pick + '''
+"""
+        + in_loop_after_pick
+        + """
     return tokens
-''')
+"""
+    )
 
 
-PREFILL = '''
+PREFILL = """
     cache = KVCache()
     logits = forward_cached(model, tokens, cache)[:, -1, :]
-'''
+"""
 
 
 class TestKVCacheGrading(GradingSuite):
@@ -166,64 +177,122 @@ class TestKVCacheGrading(GradingSuite):
         "cache-new-first": ("KVCache", CACHE_NEW_FIRST, "cache-new-first"),
         "cache-length-every-update": ("KVCache", CACHE_LENGTH_EVERY_UPDATE, "length-counts-every-update"),
         "cache-length-layers": ("KVCache", CACHE_LENGTH_LAYERS, "length-counts-layers"),
-        "attend-positions-from-zero": ("attend_with_cache", attend_with('''
+        "attend-positions-from-zero": (
+            "attend_with_cache",
+            attend_with(
+                """
     steps = torch.arange(T)                 # the positions of the new tokens
     q, k = apply_rope(q, steps, attn.rope_base), apply_rope(k, steps, attn.rope_base)
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
-''' + ATTEND_TAIL), "positions-ignored"),
-        "attend-top-left": ("attend_with_cache", attend_with('''
+"""
+                + ATTEND_TAIL
+            ),
+            "positions-ignored",
+        ),
+        "attend-top-left": (
+            "attend_with_cache",
+            attend_with("""
     q, k = apply_rope(q, positions, attn.rope_base), apply_rope(k, positions, attn.rope_base)
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
     mask = torch.tril(torch.ones(T, S, dtype=torch.bool))
     out = attention(q, repeat_kv(k, H // G), repeat_kv(v, H // G), mask)
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
-'''), "mask-top-left"),
-        "attend-caches-repeated": ("attend_with_cache", attend_with('''
+"""),
+            "mask-top-left",
+        ),
+        "attend-caches-repeated": (
+            "attend_with_cache",
+            attend_with("""
     q, k = apply_rope(q, positions, attn.rope_base), apply_rope(k, positions, attn.rope_base)
     k, v = repeat_kv(k, H // G), repeat_kv(v, H // G)
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
     out = attention(q, k, v, causal_mask(T, S))
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
-'''), "cache-holds-repeated-heads"),
-        "attend-rope-after-cache": ("attend_with_cache", attend_with('''
+"""),
+            "cache-holds-repeated-heads",
+        ),
+        "attend-rope-after-cache": (
+            "attend_with_cache",
+            attend_with(
+                """
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
     q = apply_rope(q, positions, attn.rope_base)
     k = apply_rope(k, torch.arange(S), attn.rope_base)
-''' + ATTEND_TAIL), "rope-after-cache"),
-        "attend-rope-twice": ("attend_with_cache", attend_with('''
+"""
+                + ATTEND_TAIL
+            ),
+            "rope-after-cache",
+        ),
+        "attend-rope-twice": (
+            "attend_with_cache",
+            attend_with(
+                """
     q, k = apply_rope(q, positions, attn.rope_base), apply_rope(k, positions, attn.rope_base)
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
     k = apply_rope(k, torch.arange(S), attn.rope_base)
-''' + ATTEND_TAIL), "rope-twice"),
-        "attend-cache-bypassed": ("attend_with_cache", attend_with('''
+"""
+                + ATTEND_TAIL
+            ),
+            "rope-twice",
+        ),
+        "attend-cache-bypassed": (
+            "attend_with_cache",
+            attend_with(
+                """
     q, k = apply_rope(q, positions, attn.rope_base), apply_rope(k, positions, attn.rope_base)
     S = T
-''' + ATTEND_TAIL), "cache-bypassed"),
-        "attend-updated-twice": ("attend_with_cache", attend_with('''
+"""
+                + ATTEND_TAIL
+            ),
+            "cache-bypassed",
+        ),
+        "attend-updated-twice": (
+            "attend_with_cache",
+            attend_with(
+                """
     q, k = apply_rope(q, positions, attn.rope_base), apply_rope(k, positions, attn.rope_base)
     cache.update(layer, k, v)
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
-''' + ATTEND_TAIL), "cache-updated-twice"),
-        "attend-values-rotated": ("attend_with_cache", attend_with('''
+"""
+                + ATTEND_TAIL
+            ),
+            "cache-updated-twice",
+        ),
+        "attend-values-rotated": (
+            "attend_with_cache",
+            attend_with(
+                """
     q, k, v = (apply_rope(t, positions, attn.rope_base) for t in (q, k, v))
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
-''' + ATTEND_TAIL), "values-rotated"),
-        "forward-positions-from-zero": ("forward_cached", FORWARD_HEAD + '''
+"""
+                + ATTEND_TAIL
+            ),
+            "values-rotated",
+        ),
+        "forward-positions-from-zero": (
+            "forward_cached",
+            FORWARD_HEAD
+            + """
     positions = torch.arange(tokens.shape[1])
     x = model.embed(tokens)
     for i, block in enumerate(model.layers):
         x = x + attend_with_cache(block.attn, block.attn_norm(x), positions, cache, i)
         x = x + block.mlp(block.mlp_norm(x))
     return model.lm_head(model.norm(x))
-''', "positions-from-zero"),
-        "forward-positions-per-layer": ("forward_cached", FORWARD_HEAD + '''
+""",
+            "positions-from-zero",
+        ),
+        "forward-positions-per-layer": (
+            "forward_cached",
+            FORWARD_HEAD
+            + """
     T = tokens.shape[1]
     x = model.embed(tokens)
     for i, block in enumerate(model.layers):
@@ -231,52 +300,102 @@ class TestKVCacheGrading(GradingSuite):
         x = x + attend_with_cache(block.attn, block.attn_norm(x), positions, cache, i)
         x = x + block.mlp(block.mlp_norm(x))
     return model.lm_head(model.norm(x))
-''', "positions-read-per-layer"),
-        "forward-layer-zero": ("forward_cached", FORWARD_HEAD + '''
+""",
+            "positions-read-per-layer",
+        ),
+        "forward-layer-zero": (
+            "forward_cached",
+            FORWARD_HEAD
+            + """
     positions = cache.length + torch.arange(tokens.shape[1])
     x = model.embed(tokens)
     for block in model.layers:
         x = x + attend_with_cache(block.attn, block.attn_norm(x), positions, cache, 0)
         x = x + block.mlp(block.mlp_norm(x))
     return model.lm_head(model.norm(x))
-''', "same-layer-index"),
-        "forward-no-mlp": ("forward_cached", FORWARD_HEAD + '''
+""",
+            "same-layer-index",
+        ),
+        "forward-no-mlp": (
+            "forward_cached",
+            FORWARD_HEAD
+            + """
     positions = torch.arange(cache.length, cache.length + tokens.shape[1])
     h = model.embed(tokens)
     for i, block in enumerate(model.layers):
         h = h + attend_with_cache(block.attn, block.attn_norm(h), positions, cache, i)
     return model.lm_head(model.norm(h))
-''', "mlp-missing"),
-        "forward-no-block-norms": ("forward_cached", FORWARD_HEAD + '''
+""",
+            "mlp-missing",
+        ),
+        "forward-no-block-norms": (
+            "forward_cached",
+            FORWARD_HEAD
+            + """
     positions = torch.arange(cache.length, cache.length + tokens.shape[1])
     x = model.embed(tokens)
     for i, block in enumerate(model.layers):
         x = x + attend_with_cache(block.attn, x, positions, cache, i)
         x = x + block.mlp(x)
     return model.lm_head(model.norm(x))
-''', "block-norms-missing"),
-        "generate-whole-sequence": ("generate_cached", generate_with(PREFILL, "", '''
+""",
+            "block-norms-missing",
+        ),
+        "generate-whole-sequence": (
+            "generate_cached",
+            generate_with(
+                PREFILL,
+                "",
+                """
         logits = forward_cached(model, tokens, cache)[:, -1, :]
-'''), "whole-sequence-every-step"),
-        "generate-fresh-cache": ("generate_cached", generate_with(PREFILL, "", '''
+""",
+            ),
+            "whole-sequence-every-step",
+        ),
+        "generate-fresh-cache": (
+            "generate_cached",
+            generate_with(
+                PREFILL,
+                "",
+                """
         cache = KVCache()
         logits = forward_cached(model, next_token, cache)[:, -1, :]
-'''), "fresh-cache-every-step"),
-        "generate-last-token-twice": ("generate_cached", generate_with('''
+""",
+            ),
+            "fresh-cache-every-step",
+        ),
+        "generate-last-token-twice": (
+            "generate_cached",
+            generate_with(
+                """
     cache = KVCache()
     forward_cached(model, tokens, cache)
-''', '''
+""",
+                """
         logits = forward_cached(model, tokens[:, -1:], cache)[:, -1, :]
-''', ""), "last-prompt-token-twice"),
-        "generate-no-limit": ("generate_cached", generate_with(PREFILL, "", '''
+""",
+                "",
+            ),
+            "last-prompt-token-twice",
+        ),
+        "generate-no-limit": (
+            "generate_cached",
+            generate_with(
+                PREFILL,
+                "",
+                """
         logits = forward_cached(model, next_token, cache)[:, -1, :]
-''', limit=""), "context-limit-not-checked"),
+""",
+                limit="",
+            ),
+            "context-limit-not-checked",
+        ),
     }
 
     alternatives = {
         "alternative-a": {
             # a list per layer and a length attribute counted at layer 0
-            "KVCache": '''
+            "KVCache": """
 class KVCache:
     def __init__(self):
         self.k, self.v = [], []
@@ -292,9 +411,9 @@ class KVCache:
         if layer == 0:
             self.length += k.shape[-2]
         return self.k[layer], self.v[layer]
-''',
+""",
             # torch's scaled_dot_product_attention groups the heads itself
-            "attend_with_cache": '''
+            "attend_with_cache": """
 def attend_with_cache(attn, x, positions, cache, layer):
     B, T, D = x.shape
     q = attn.q_proj(x).reshape(B, T, attn.n_heads, -1).permute(0, 2, 1, 3)
@@ -306,8 +425,8 @@ def attend_with_cache(attn, x, positions, cache, layer):
     mask = causal_mask(T, keys.shape[-2])
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
     return attn.o_proj(out.permute(0, 2, 1, 3).reshape(B, T, D))
-''',
-            "forward_cached": '''
+""",
+            "forward_cached": """
 @torch.no_grad()
 def forward_cached(model, tokens, cache):
     first = cache.length
@@ -319,9 +438,9 @@ def forward_cached(model, tokens, cache):
         hidden = hidden + attended
         hidden = hidden + block.mlp(block.mlp_norm(hidden))
     return model.lm_head(model.norm(hidden))
-''',
+""",
             # the prompt fed one token at a time (no separate prefill), a new forward after every token
-            "generate_cached": '''
+            "generate_cached": """
 @torch.no_grad()
 def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
     total = tokens.size(1) + max_new_tokens
@@ -342,11 +461,11 @@ def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
         tokens = torch.cat((tokens, choice), dim=1)
         logits = forward_cached(model, choice, cache)[:, -1]
     return tokens
-''',
+""",
         },
         "alternative-b": {
             # one dict of (k, v) pairs, length from layer 0
-            "KVCache": '''
+            "KVCache": """
 class KVCache:
     def __init__(self):
         self.cache = {}
@@ -364,9 +483,9 @@ class KVCache:
         if 0 not in self.cache:
             return 0
         return self.cache[0][0].size(2)
-''',
+""",
             # einsum in float64, heads repeated with expand, a large negative number for the mask
-            "attend_with_cache": '''
+            "attend_with_cache": """
 def attend_with_cache(attn, x, positions, cache, layer):
     B, T, _ = x.shape
     H, G, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
@@ -381,8 +500,8 @@ def attend_with_cache(attn, x, positions, cache, layer):
     scores = scores.masked_fill(~causal_mask(T, S), -1e9)
     out = torch.einsum("bhts,bhsd->bhtd", scores.softmax(dim=-1), v.double()).to(x.dtype)
     return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
-''',
-            "forward_cached": '''
+""",
+            "forward_cached": """
 @torch.no_grad()
 def forward_cached(model, tokens, cache):
     T = tokens.shape[1]
@@ -395,25 +514,33 @@ def forward_cached(model, tokens, cache):
         x = x + block.mlp(h)
     x = model.norm(x)
     return model.lm_head(x)
-''',
-            "generate_cached": generate_with(PREFILL, "", '''
+""",
+            "generate_cached": generate_with(
+                PREFILL,
+                "",
+                """
         logits = forward_cached(model, next_token, cache)[:, -1, :]
-'''),
+""",
+            ),
         },
     }
 
     wrong_answers = {
         "KVCache": CACHE_REPLACES,
-        "attend_with_cache": attend_with('''
+        "attend_with_cache": attend_with(
+            """
     k, v = cache.update(layer, k, v)
     S = k.shape[2]
-''' + ATTEND_TAIL),
-        "forward_cached": FORWARD_HEAD + '''
+"""
+            + ATTEND_TAIL
+        ),
+        "forward_cached": FORWARD_HEAD
+        + """
     return model(tokens)
-''',
-        "generate_cached": '''
+""",
+        "generate_cached": """
 @torch.no_grad()
 def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
     return torch.cat([tokens, tokens[:, -1:].repeat(1, max_new_tokens)], dim=1)
-''',
+""",
     }

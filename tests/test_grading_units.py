@@ -1,4 +1,5 @@
 """The grading command's parts on their own: no sandbox, no kernels (fast)."""
+
 from __future__ import annotations
 
 import math
@@ -12,18 +13,21 @@ from autograder import verdict
 from autograder.engine.collect import collect
 from autograder.judging.tamper import suspicious_code
 
-
 # ---------------------------------------------------------------- the wire
 
-@pytest.mark.parametrize("value", [
-    torch.tensor([[1.0, 2.0], [3.0, float("nan")]]),
-    torch.arange(6, dtype=torch.int64).reshape(2, 3),
-    torch.tensor([True, False]),
-    torch.zeros(0, 4, dtype=torch.float64),
-    torch.tensor(2.5, dtype=torch.bfloat16),
-    (torch.ones(2), [1, 2.5, None, "x", True]),
-    float("inf"),
-])
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.tensor([[1.0, 2.0], [3.0, float("nan")]]),
+        torch.arange(6, dtype=torch.int64).reshape(2, 3),
+        torch.tensor([True, False]),
+        torch.zeros(0, 4, dtype=torch.float64),
+        torch.tensor(2.5, dtype=torch.bfloat16),
+        (torch.ones(2), [1, 2.5, None, "x", True]),
+        float("inf"),
+    ],
+)
 def test_outputs_cross_the_wire_unchanged(value):
     back = verdict.decode(verdict.encode(value))
 
@@ -35,6 +39,7 @@ def test_outputs_cross_the_wire_unchanged(value):
         if isinstance(a, float) and math.isinf(a):
             return a == b
         return a == b
+
     assert same(value, back)
 
 
@@ -42,20 +47,24 @@ def test_unknown_objects_cross_as_their_type_name_only():
     class Sneaky:
         def __reduce__(self):
             raise AssertionError("never pickled")
+
     back = verdict.decode(verdict.encode(Sneaky()))
     assert type(back).__name__ == "Sneaky" and isinstance(back, verdict.Opaque)
 
 
-@pytest.mark.parametrize("data", [
-    {"tensor": "float32", "shape": [2], "data": "AAAA"},          # 3 bytes for 8
-    {"tensor": "object", "shape": [1], "data": ""},               # not a tensor dtype
-    {"tensor": "float32", "shape": [-1], "data": ""},
-    {"value": {"nested": "dict"}},
-    {"float": "1e999"},
-    {"sequence": "tuple", "items": "not a list"},
-    {"__reduce__": "os.system"},
-    "just a string",
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"tensor": "float32", "shape": [2], "data": "AAAA"},  # 3 bytes for 8
+        {"tensor": "object", "shape": [1], "data": ""},  # not a tensor dtype
+        {"tensor": "float32", "shape": [-1], "data": ""},
+        {"value": {"nested": "dict"}},
+        {"float": "1e999"},
+        {"sequence": "tuple", "items": "not a list"},
+        {"__reduce__": "os.system"},
+        "just a string",
+    ],
+)
 def test_malformed_outputs_are_refused(data):
     with pytest.raises(verdict.ProtocolError):
         verdict.decode(data)
@@ -70,27 +79,34 @@ def test_mistake_tags_and_check_calls_are_read_from_text():
 
 # ---------------------------------------------------------------- tamper flags
 
-@pytest.mark.parametrize("source, finding", [
-    ("import torch\ntorch.allclose = lambda *a, **k: True", "replaces torch.allclose"),
-    ("import numpy as np\nnp.testing.assert_allclose = print", "replaces numpy.testing.assert_allclose"),
-    ("import torch.nn.functional as F\nsetattr(F, 'softmax', None)", "calls setattr on torch.nn.functional"),
-    ("import builtins\nbuiltins.len = lambda x: 3", "replaces builtins.len"),
-    ("import autograder.checks as c\nc.check = print", "replaces autograder.checks.check"),
-    ("import sys\nsys.modules['autograder.checks'] = None", "replaces an entry of sys.modules"),
-    ("get_ipython().set_custom_exc((Exception,), print)", "installs a handler that hides errors (set_custom_exc)"),
-    ("%matplotlib widget\nimport ctypes", "imports ctypes"),
-])
+
+@pytest.mark.parametrize(
+    "source, finding",
+    [
+        ("import torch\ntorch.allclose = lambda *a, **k: True", "replaces torch.allclose"),
+        ("import numpy as np\nnp.testing.assert_allclose = print", "replaces numpy.testing.assert_allclose"),
+        ("import torch.nn.functional as F\nsetattr(F, 'softmax', None)", "calls setattr on torch.nn.functional"),
+        ("import builtins\nbuiltins.len = lambda x: 3", "replaces builtins.len"),
+        ("import autograder.checks as c\nc.check = print", "replaces autograder.checks.check"),
+        ("import sys\nsys.modules['autograder.checks'] = None", "replaces an entry of sys.modules"),
+        ("get_ipython().set_custom_exc((Exception,), print)", "installs a handler that hides errors (set_custom_exc)"),
+        ("%matplotlib widget\nimport ctypes", "imports ctypes"),
+    ],
+)
 def test_suspicious_code_is_named(source, finding):
     assert finding in suspicious_code([source])
 
 
-@pytest.mark.parametrize("source", [
-    "import torch\ntorch.manual_seed(0)\nx = torch.ones(3)\nx.data = torch.zeros(3)",
-    "import torch\ntorch.backends.cudnn.deterministic = True",
-    "import numpy as np\nnp.set_printoptions(precision=2)",
-    "def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)",
-    "%matplotlib widget\nfrom course_widgets.attention import AttentionHeatmap",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\ntorch.manual_seed(0)\nx = torch.ones(3)\nx.data = torch.zeros(3)",
+        "import torch\ntorch.backends.cudnn.deterministic = True",
+        "import numpy as np\nnp.set_printoptions(precision=2)",
+        "def softmax(x, dim=-1):\n    e = (x - x.amax(dim, keepdim=True)).exp()\n    return e / e.sum(dim, keepdim=True)",
+        "%matplotlib widget\nfrom course_widgets.attention import AttentionHeatmap",
+    ],
+)
 def test_honest_code_is_not_suspicious(source):
     assert suspicious_code([source]) == []
 
@@ -175,8 +191,11 @@ FAKE_CELLS = [
     ("setup_imports", "import torch\nfrom torch import nn"),
     ("double", "def double(x):\n    return 2 * x"),
     ("quad", "def quad(x):\n    return double(double(x))"),
-    ("Tiny", "class Tiny(nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
-             "        self.proj = nn.Linear(d, d, bias=False)\n    def forward(self, x):\n        return self.proj(x)"),
+    (
+        "Tiny",
+        "class Tiny(nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
+        "        self.proj = nn.Linear(d, d, bias=False)\n    def forward(self, x):\n        return self.proj(x)",
+    ),
 ]
 
 
@@ -195,12 +214,19 @@ def fake_judge(monkeypatch):
     def module_cases(ref):
         yield checks.ModuleCase("a batch", (torch.ones(2, 3),), reference=ref.Tiny, init_args=(3,), seed=5)
 
-    module = types.SimpleNamespace(ASSIGNMENT="99_fake", EXERCISES={
-        "double": checks.Exercise("double", cases),
-        "quad": checks.Exercise("quad", cases, depends_on=("double",), mistakes=[
-            checks.Mistake("times-two", "doubled once", "Double twice.", lambda ref: ref.double)]),
-        "Tiny": checks.Exercise("Tiny", module_cases),
-    })
+    module = types.SimpleNamespace(
+        ASSIGNMENT="99_fake",
+        EXERCISES={
+            "double": checks.Exercise("double", cases),
+            "quad": checks.Exercise(
+                "quad",
+                cases,
+                depends_on=("double",),
+                mistakes=[checks.Mistake("times-two", "doubled once", "Double twice.", lambda ref: ref.double)],
+            ),
+            "Tiny": checks.Exercise("Tiny", module_cases),
+        },
+    )
     monkeypatch.setattr(exercises, "module_for", lambda assignment: module)
     return judge.Judge("99_fake", FAKE_CELLS)
 
@@ -277,9 +303,13 @@ def test_no_student_file_changes_the_grading_codes_identity():
     import uuid
 
     def digest() -> str:
-        return subprocess.run([sys.executable, "-c", "from autograder.engine.identity import code_digest; "
-                               "print(code_digest())"], cwd=REPOSITORY, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", "from autograder.engine.identity import code_digest; print(code_digest())"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
 
     before = digest()
     student = course_root() / "submitted" / f"test-student-{uuid.uuid4().hex[:8]}"

@@ -7,6 +7,7 @@ script runs), releases the feedback, and each student fetches their own page. Ev
 step is the real nbgrader command line, as the README writes it; each student has their own
 folder and their own submission cache (on a hub, their own account and home).
 """
+
 from __future__ import annotations
 
 import html
@@ -16,7 +17,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from grading_harness import Course, answer_cells, grade, nbgrader, reference_answers, sandbox_works
 
 ASSIGNMENT = "00_start_here"
@@ -47,12 +47,18 @@ def cycle(tmp_path_factory):
     nbgrader("release_assignment", ASSIGNMENT, on_exchange, cwd=course.root)
 
     homes = {}
-    for student, answers in {"alice": reference_answers(ASSIGNMENT),
-                             "bob": {**reference_answers(ASSIGNMENT), "dot_scores": WRONG}}.items():
+    for student, answers in {
+        "alice": reference_answers(ASSIGNMENT),
+        "bob": {**reference_answers(ASSIGNMENT), "dot_scores": WRONG},
+    }.items():
         home = homes[student] = base / student
         home.mkdir()
-        as_student = (f"--course={COURSE_ID}", on_exchange, f"--Exchange.cache={home}/.nbgrader_cache",
-                      f"--student={student}")
+        as_student = (
+            f"--course={COURSE_ID}",
+            on_exchange,
+            f"--Exchange.cache={home}/.nbgrader_cache",
+            f"--student={student}",
+        )
         nbgrader("fetch_assignment", ASSIGNMENT, *as_student, cwd=home)
         answer(home / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", answers)
         nbgrader("submit", ASSIGNMENT, *as_student, cwd=home)
@@ -62,8 +68,15 @@ def cycle(tmp_path_factory):
     assert graded.returncode == 0, graded.stdout[-3000:] + graded.stderr[-3000:]
     nbgrader("release_feedback", ASSIGNMENT, on_exchange, cwd=course.root)
     for student, home in homes.items():
-        nbgrader("fetch_feedback", ASSIGNMENT, f"--course={COURSE_ID}", on_exchange,
-                 f"--Exchange.cache={home}/.nbgrader_cache", f"--student={student}", cwd=home)
+        nbgrader(
+            "fetch_feedback",
+            ASSIGNMENT,
+            f"--course={COURSE_ID}",
+            on_exchange,
+            f"--Exchange.cache={home}/.nbgrader_cache",
+            f"--student={student}",
+            cwd=home,
+        )
     return course, exchange, homes
 
 

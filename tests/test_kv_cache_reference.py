@@ -10,6 +10,7 @@
 * A correct generate_cached that recomputes the sequence (07's generate) is
   told so by name, though its tokens are right.
 """
+
 import pytest
 import torch
 
@@ -39,7 +40,7 @@ def test_cached_forward_token_by_token_equals_one_full_forward(ref):
         full = model(tokens)
     cache = ref.KVCache()
     pieces = [ref.forward_cached(model, tokens[:, :4], cache)]
-    pieces += [ref.forward_cached(model, tokens[:, t:t + 1], cache) for t in range(4, 12)]
+    pieces += [ref.forward_cached(model, tokens[:, t : t + 1], cache) for t in range(4, 12)]
     pieces.append(ref.forward_cached(model, tokens[:, 12:], cache))
     assert cache.length == 15
     assert float((torch.cat(pieces, dim=1) - full).abs().max()) < 1e-5
@@ -52,7 +53,9 @@ def test_cached_forward_token_by_token_equals_one_full_forward(ref):
 def test_cached_generation_gives_generates_tokens(ref):
     model = randomised(ref.Llama(ref.ModelConfig(41, 32, 2, 4, 1, 64, max_seq_len=40)), seed=2)
     prompt = torch.randint(0, 41, (3, 6), generator=torch.Generator().manual_seed(3))
-    assert torch.equal(ref.generate_cached(model, prompt, 34, temperature=0), ref.generate(model, prompt, 34, temperature=0))
+    assert torch.equal(
+        ref.generate_cached(model, prompt, 34, temperature=0), ref.generate(model, prompt, 34, temperature=0)
+    )
     runs = []
     for generate in (ref.generate, ref.generate_cached):
         torch.manual_seed(11)
@@ -78,8 +81,10 @@ def test_each_mutant_is_recognised_and_distinct(ref, name):
     ids = list(outputs)
     for a in range(len(ids)):
         for b in range(a + 1, len(ids)):
-            assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[ids[a]], outputs[ids[b]])), \
-                (ids[a], ids[b])
+            assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[ids[a]], outputs[ids[b]])), (
+                ids[a],
+                ids[b],
+            )
 
 
 def test_recomputing_the_sequence_is_named_though_its_tokens_are_right(ref):

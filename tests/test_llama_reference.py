@@ -13,6 +13,7 @@
   layout it loads it into the learner's model, matches transformers and
   writes; offline, while graded, or when the download fails it says so and skips.
 """
+
 import ast
 import json
 import os
@@ -54,12 +55,39 @@ def saved_and_read_back(hf_model):
 
 
 HF_SIZES = [
-    dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-         num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False),
-    dict(vocab_size=50, hidden_size=96, intermediate_size=128, num_hidden_layers=3, num_attention_heads=6,
-         num_key_value_heads=1, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True),
-    dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-         num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=500.0, tie_word_embeddings=False),
+    dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+    ),
+    dict(
+        vocab_size=50,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        num_key_value_heads=1,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=True,
+    ),
+    dict(
+        vocab_size=40,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=500.0,
+        tie_word_embeddings=False,
+    ),
 ]
 
 
@@ -69,9 +97,18 @@ def hf_pair(ref, sizes, seed):
     config = transformers.LlamaConfig(**sizes, rope_parameters={"rope_type": "default", "rope_theta": theta})
     hf = randomised(transformers.LlamaForCausalLM(config).eval(), seed)
     state = saved_and_read_back(hf)
-    ours = ref.Llama(ref.ModelConfig(config.vocab_size, config.hidden_size, config.num_hidden_layers,
-                                     config.num_attention_heads, config.num_key_value_heads,
-                                     config.intermediate_size, config.rms_norm_eps, theta)).eval()
+    ours = ref.Llama(
+        ref.ModelConfig(
+            config.vocab_size,
+            config.hidden_size,
+            config.num_hidden_layers,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.intermediate_size,
+            config.rms_norm_eps,
+            theta,
+        )
+    ).eval()
     return hf, state, ours
 
 
@@ -145,8 +182,10 @@ def test_each_mutant_is_recognised_and_distinct(ref, name):
     ids = list(outputs)
     for a in range(len(ids)):
         for b in range(a + 1, len(ids)):
-            assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[ids[a]], outputs[ids[b]])), \
-                (ids[a], ids[b])
+            assert any(close(x, y, exercise.atol, exercise.rtol) for x, y in zip(outputs[ids[a]], outputs[ids[b]])), (
+                ids[a],
+                ids[b],
+            )
 
 
 def test_importing_torch_dynamo_is_not_tampering():
@@ -196,9 +235,16 @@ def test_hub_cell_loads_a_checkpoint_in_the_hubs_layout(hub_namespace, tmp_path,
     """What the cell does online, from a folder instead of the hub: a tied LLaMA with
     LLaMA's vocabulary and random weights, no tokenizer (so token ids are shown)."""
     exec(definitions(notebook_cell(HUB_CELL)), hub_namespace)
-    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config = transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     randomised(transformers.LlamaForCausalLM(config), seed=3).save_pretrained(tmp_path)
     hub_namespace["run_published_checkpoint"](str(tmp_path))
     out = capsys.readouterr().out
@@ -224,16 +270,20 @@ def test_hub_cell_skips_with_a_reason_and_never_fails(hub_namespace, monkeypatch
     if situation == "no transformers":
         hub_namespace["LlamaForCausalLM"] = None  # what the import cell leaves when the import fails
     if situation == "offline":
+
         def no_network(*args, **kwargs):
             raise OSError("Name or service not known")
+
         monkeypatch.setattr(socket, "create_connection", no_network)
     if situation == "download fails":
         monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: socket.socket())
         hub_namespace["LlamaForCausalLM"] = Unreachable
     exec(compile(notebook_cell(HUB_CELL), "<notebook cell>", "exec"), hub_namespace)
     out = capsys.readouterr().out
-    expected = {"graded": "skipped while the notebook is graded",
-                "no transformers": "skipped: Hugging Face transformers is not installed",
-                "offline": "skipped: the Hugging Face hub is not reachable",
-                "download fails": "skipped: could not load the checkpoint (OSError"}[situation]
+    expected = {
+        "graded": "skipped while the notebook is graded",
+        "no transformers": "skipped: Hugging Face transformers is not installed",
+        "offline": "skipped: the Hugging Face hub is not reachable",
+        "download fails": "skipped: could not load the checkpoint (OSError",
+    }[situation]
     assert out.startswith(expected)

@@ -1,5 +1,6 @@
 """The notebooks themselves: solutions run clean, student versions degrade gracefully,
 and notebooks/ is exactly what nbgrader generates from solutions/."""
+
 import ast
 import json
 import re
@@ -7,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from notebook_runner import execute
 
 from autograder import release
 from autograder.reference import reference_cells
-from notebook_runner import execute
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 ASSIGNMENTS = release.assignments()
@@ -44,7 +45,8 @@ def test_solution_notebook_runs_top_to_bottom_without_errors(assignment):
     stated = readme_memory_mb().get(assignment)
     assert stated, f"README.md's notebook table states no memory for {assignment} (./course bench measures it)"
     assert run.peak_rss_mb <= stated, (
-        f"{assignment} peaked at {run.peak_rss_mb:.0f} MB, more than the README's {stated} MB")
+        f"{assignment} peaked at {run.peak_rss_mb:.0f} MB, more than the README's {stated} MB"
+    )
 
 
 def test_readme_states_each_notebooks_memory_within_binders_budget():
@@ -96,8 +98,11 @@ def test_student_notebooks_hold_no_solutions_or_hidden_tests(assignment):
 
 def top_level_definitions(source: str) -> dict:
     """{name: ast dump} of the functions and classes a cell defines."""
-    return {node.name: ast.dump(node) for node in ast.parse(source).body
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return {
+        node.name: ast.dump(node)
+        for node in ast.parse(source).body
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
 
 
 def restated_cells():

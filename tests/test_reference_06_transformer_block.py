@@ -11,6 +11,7 @@ cos/sin from LlamaRotaryEmbedding.
 Tolerance 1e-5: float32 end to end, the two implementations differ only in the
 order of a few sums; they agree to about 1e-6.
 """
+
 import subprocess
 import sys
 import textwrap
@@ -38,9 +39,16 @@ def llama():
 
 
 def tiny_config(llama, hidden=64, heads=4, kv_heads=2, intermediate=160, eps=1e-6, rope_theta=10000.0):
-    config = llama.LlamaConfig(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         intermediate_size=intermediate, rms_norm_eps=eps, num_hidden_layers=1, vocab_size=100,
-                         rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+    config = llama.LlamaConfig(
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        rms_norm_eps=eps,
+        num_hidden_layers=1,
+        vocab_size=100,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+    )
     config._attn_implementation = "eager"
     return config
 
@@ -105,15 +113,23 @@ def test_swiglu_matches_llama_mlp(ref, llama):
     config = tiny_config(llama, hidden=32, intermediate=88)
     theirs = randomise(llama.LlamaMLP(config), seed=3)
     ours = ref.SwiGLU(32, 88)
-    ours.load_state_dict({"w1.weight": theirs.gate_proj.weight.detach(), "w3.weight": theirs.up_proj.weight.detach(),
-                          "w2.weight": theirs.down_proj.weight.detach()})
+    ours.load_state_dict(
+        {
+            "w1.weight": theirs.gate_proj.weight.detach(),
+            "w3.weight": theirs.up_proj.weight.detach(),
+            "w2.weight": theirs.down_proj.weight.detach(),
+        }
+    )
     x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert (ours(x) - theirs(x)).abs().max() < TOLERANCE
 
 
-@pytest.mark.parametrize("heads, kv_heads, rope_theta", [(4, 2, 10000.0), (4, 4, 10000.0), (4, 1, 500.0)],
-                         ids=["grouped", "multi-head", "multi-query-rope-500"])
+@pytest.mark.parametrize(
+    "heads, kv_heads, rope_theta",
+    [(4, 2, 10000.0), (4, 4, 10000.0), (4, 1, 500.0)],
+    ids=["grouped", "multi-head", "multi-query-rope-500"],
+)
 def test_block_matches_llama_decoder_layer(ref, llama, heads, kv_heads, rope_theta):
     config = tiny_config(llama, heads=heads, kv_heads=kv_heads, rope_theta=rope_theta)
     layer = randomise(llama.LlamaDecoderLayer(config, layer_idx=0), seed=5)
@@ -136,13 +152,18 @@ def test_the_conventions_matter(ref, llama):
     block.load_state_dict(state)
     unpermuted = ref.TransformerBlock(64, 4, 2, 160).eval()
     hf = layer.state_dict()
-    unpermuted.load_state_dict({**state, "attn.q_proj.weight": hf["self_attn.q_proj.weight"],
-                                "attn.k_proj.weight": hf["self_attn.k_proj.weight"]})
+    unpermuted.load_state_dict(
+        {
+            **state,
+            "attn.q_proj.weight": hf["self_attn.q_proj.weight"],
+            "attn.k_proj.weight": hf["self_attn.k_proj.weight"],
+        }
+    )
     with torch.no_grad():
         expected = hugging_face_block(llama, layer, config, x, torch.arange(7))
         assert (unpermuted(x) - expected).abs().max() > 0.1
         unmasked = hugging_face_block(llama, layer, config, x, torch.arange(7), causal=False)
-        assert (block(x) - unmasked)[:, :-1].abs().max() > 0.1       # the layer alone looks ahead
+        assert (block(x) - unmasked)[:, :-1].abs().max() > 0.1  # the layer alone looks ahead
         assert (block(x) - unmasked)[:, -1].abs().max() < TOLERANCE  # the last token sees everything anyway
 
 

@@ -8,6 +8,7 @@ reference solution needs a check run first; progress goes from "not tried" to
 ``solutions/``) runs nothing hidden and shows no solution; while nbgrader runs,
 nothing happens at all. The last test runs a student notebook in a real kernel.
 """
+
 import contextlib
 import importlib
 import io
@@ -20,10 +21,10 @@ import textwrap
 
 import nbformat
 import pytest
+from notebook_runner import REPOSITORY, execute
 
 from autograder import reference, selfstudy
 from autograder.exercises import exercise, module_for
-from notebook_runner import REPOSITORY, execute
 
 COURSE = sorted(p.name for p in (REPOSITORY / "solutions").iterdir() if p.is_dir())
 NO_MAX_SOFTMAX = """
@@ -155,8 +156,9 @@ def test_class_mode_runs_no_hidden_check_and_shows_no_solution(notebooks_folder,
     monkeypatch.setenv("AUTOGRADER_SOLUTIONS", str(tmp_path / "no-solutions"))
     namespace = {"softmax": lambda x, dim=-1: x}  # wrong, and no reference to compare with here
     text = printed(selfstudy.self_assess, "01_attention", "softmax", namespace)
-    assert text == ("Class mode: this cell runs the visible checks only; "
-                    "the hidden checks run when your instructor grades.\n")
+    assert text == (
+        "Class mode: this cell runs the visible checks only; the hidden checks run when your instructor grades.\n"
+    )
     refusal = printed(selfstudy.show_solution, "01_attention", "softmax")
     assert "stay with your instructor" in refusal and "amax" not in refusal
     assert "visible checks only" in selfstudy._view("01_attention")[1]
@@ -186,8 +188,9 @@ def test_a_student_notebook_in_a_real_kernel_records_the_whole_check_cell(tmp_pa
     assert len(run.errors()) == 1  # the visible checks fail as they always did
     progress = json.loads((tmp_path / "notebooks" / ".progress.json").read_text())
     assert progress["assignments"]["00_start_here"]["dot_scores"]["status"] == "fails"
-    shown = [o for c in run.notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "progress"
-             for o in c.outputs]
+    shown = [
+        o for c in run.notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "progress" for o in c.outputs
+    ]
     assert shown and any("dot_scores" in json.dumps(o.get("data", {})) for o in shown)
 
     answer.source = "def dot_scores(q, k):\n    return torch.einsum('...td,...sd->...ts', q, k)\n"

@@ -3,7 +3,6 @@
 The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in) or deliberately unfinished ones.
 """
-import math
 
 import pytest
 import torch
@@ -64,6 +63,7 @@ def test_heatmap_waits_for_unimplemented_functions_then_recovers(solved):
 def test_heatmap_names_a_function_that_raises_or_returns_the_wrong_shape(solved):
     def attention_weights(q, k, mask=None):
         raise ValueError("shapes do not line up")
+
     widget = AttentionHeatmap(attention_weights, solved.attention, X, X, V)
     assert "`attention_weights` raised ValueError: shapes do not line up" in widget.problem
     widget = AttentionHeatmap(lambda q, k, mask=None: (q @ k.T)[0], solved.attention, X, X, V)
@@ -79,7 +79,7 @@ def test_scaling_explorer_saturates_without_the_square_root(solved):
     assert unscaled_max > 0.99 > 0.8 > scaled_max
     # the averaged curves: flat when scaled, climbing towards 1 when not
     assert widget.curves[False][-1] > 0.95 and widget.curves[True][-1] < 0.6
-    assert f"d = 128, not scaled" in widget.stats.value
+    assert "d = 128, not scaled" in widget.stats.value
 
 
 def test_scaling_explorer_marks_the_chosen_dimension(solved):

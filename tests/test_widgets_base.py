@@ -2,6 +2,7 @@
 without a browser: the picture sent after a blitted update is exactly the
 picture matplotlib draws of the figure, the layout runs only when decorations
 change, and a change of limits (or an artist that comes) redraws everything."""
+
 import numpy as np
 import pytest
 import torch
@@ -109,7 +110,8 @@ class Stretchy(Explorer):
 
 
 def test_a_change_of_limits_redraws_everything_and_lays_the_figure_out_when_tick_labels_grow(
-        ipympl_canvas, monkeypatch):
+    ipympl_canvas, monkeypatch
+):
     widget = Stretchy()
     layouts = []
     execute = widget._layout_engine.execute

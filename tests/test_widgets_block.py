@@ -4,6 +4,7 @@ The widgets get the reference solution's classes (what a learner who solved
 the exercises passes in), deliberately unfinished ones, or mistaken ones (to
 show the widgets draw the learner's code, not their own).
 """
+
 import pytest
 import torch
 import torch.nn as nn
@@ -30,6 +31,7 @@ def curve(line) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- the SiLU gate explorer
+
 
 def test_gate_explorer_shows_the_worked_example(solved):
     widget = SiluGateExplorer(solved.SwiGLU)
@@ -67,6 +69,7 @@ def test_gate_explorer_draws_the_learners_own_activation(solved):
     class ReluSwiGLU(solved.SwiGLU):  # a learner who used ReLU
         def forward(self, x):
             return self.w2(F.relu(self.w1(x)) * self.w3(x))
+
     widget = SiluGateExplorer(ReluSwiGLU)
     assert torch.allclose(curve(widget.silu_line), F.relu(widget.grid), atol=1e-6)
     assert widget.product == pytest.approx(1.0)
@@ -90,11 +93,13 @@ def test_gate_explorer_names_the_contract_when_the_layers_are_named_otherwise():
             self.gate = nn.Linear(d_model, d_hidden, bias=False)
             self.up = nn.Linear(d_model, d_hidden, bias=False)
             self.down = nn.Linear(d_hidden, d_model, bias=False)
+
     widget = SiluGateExplorer(Renamed)
     assert "w1.weight, w3.weight, w2.weight" in widget.problem
 
 
 # ---------------------------------------------------------------- the residual stream explorer
+
 
 def test_pre_norm_stream_grows_and_keeps_its_input_post_norm_does_not(solved):
     widget = ResidualStreamExplorer(solved.TransformerBlock)
@@ -149,6 +154,7 @@ def test_stream_explorer_names_a_forward_that_raises(solved):
     class Broken(solved.TransformerBlock):
         def forward(self, x, positions=None):
             raise RuntimeError("shapes do not line up")
+
     widget = ResidualStreamExplorer(Broken)
     assert "`TransformerBlock.forward` raised RuntimeError: shapes do not line up" in widget.problem
 
@@ -159,6 +165,7 @@ def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved):
 
 
 # ---------------------------------------------------------------- the residual stream explorer: gradients
+
 
 def test_gradient_arrives_whole_at_the_top_and_the_residual_keeps_it_in_scale(solved):
     widget = ResidualStreamExplorer(solved.TransformerBlock)
@@ -211,6 +218,7 @@ def test_gradient_panel_names_a_forward_that_cuts_the_gradient(solved):
     class Detached(solved.TransformerBlock):
         def forward(self, x, positions=None):
             return super().forward(x, positions).detach()
+
     widget = ResidualStreamExplorer(Detached)
     assert "No gradient flows through TransformerBlock.forward" in widget.problem
 
@@ -220,5 +228,6 @@ def test_gradient_panel_explains_a_forward_that_writes_into_x(solved):
         def forward(self, x, positions=None):
             x += self.attn(self.attn_norm(x), positions)
             return x + self.mlp(self.mlp_norm(x))
+
     widget = ResidualStreamExplorer(InPlace)
     assert "Write x = x + ... instead" in widget.problem

@@ -3,6 +3,7 @@
 The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in), mistaken ones, or deliberately unfinished ones.
 """
+
 import matplotlib.colors as mcolors
 import pytest
 
@@ -26,6 +27,7 @@ def kv_centre(widget, g):
 
 
 # ---------------------------------------------------------------- HeadGrouping
+
 
 def test_grouping_shows_the_worked_example(solved):
     widget = HeadGrouping(solved.kv_head_index)
@@ -126,10 +128,15 @@ def test_grouping_accepts_a_float_that_is_a_whole_number():
 
 # ---------------------------------------------------------------- KVCacheExplorer
 
+
 def test_cache_explorer_shows_llama_3_8b_against_mha_and_mqa(solved):
     widget = KVCacheExplorer(solved.kv_cache_bytes)
     assert (widget.model.value, widget.seq_len.value, widget.batch.value, widget.precision.value) == (
-        "LLaMA-3-8B", 4096, 1, 2)
+        "LLaMA-3-8B",
+        4096,
+        1,
+        2,
+    )
     assert widget.problem == ""
     assert widget.markers["MHA"].get_data()[1][0] == pytest.approx(2.0)  # GiB
     assert widget.markers["GQA"].get_data()[1][0] == pytest.approx(0.5)

@@ -3,6 +3,7 @@
 The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in), mistaken ones, or unfinished ones.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -21,14 +22,19 @@ def unimplemented(*args, **kwargs):
 
 
 def patterns(solved, **changes):
-    functions = dict(MultiHeadAttention=solved.MultiHeadAttention, split_heads=solved.split_heads,
-                     merge_heads=solved.merge_heads, attention_weights=solved.attention_weights,
-                     attention=solved.attention)
+    functions = dict(
+        MultiHeadAttention=solved.MultiHeadAttention,
+        split_heads=solved.split_heads,
+        merge_heads=solved.merge_heads,
+        attention_weights=solved.attention_weights,
+        attention=solved.attention,
+    )
     functions.update(changes)
     return HeadPatterns(**functions)
 
 
 # ---------------------------------------------------------------- the shape walk
+
 
 def test_shape_walk_shows_where_each_feature_of_a_token_lands(solved):
     widget = ShapeWalk(solved.split_heads, solved.merge_heads)
@@ -49,8 +55,15 @@ def test_shape_walk_relays_out_when_the_number_of_heads_changes(solved):
     # panels 8 | 3 tokens × 2 + 2 gaps | 4 heads × 2 + 3 gaps | 8, with 3 gaps of 3 between them
     assert widget.image.get_array().shape == (4, 8 + 8 + 11 + 8 + 9, 3)
     assert "head 2 ← features 4–5 (row 1)" in widget.walk.value
-    assert [label.get_text() for label in widget.block_labels if label.get_text()] == \
-        ["t0", "t1", "t2", "h0", "h1", "h2", "h3"]
+    assert [label.get_text() for label in widget.block_labels if label.get_text()] == [
+        "t0",
+        "t1",
+        "t2",
+        "h0",
+        "h1",
+        "h2",
+        "h3",
+    ]
     widget.heads.value = 8
     assert widget.split.shape == (1, 8, 3, 1)
     assert "head 7 ← features 7 (row 1)" in widget.walk.value
@@ -69,6 +82,7 @@ def test_shape_walk_shows_a_split_without_the_transpose(solved):
     def split_heads(x, n_heads):  # the classic mistake: the right shape, the wrong numbers
         B, T, D = x.shape
         return x.reshape(B, n_heads, T, D // n_heads)
+
     widget = ShapeWalk(split_heads, solved.merge_heads)
     assert widget.problem == ""
     text = widget.walk.value
@@ -93,6 +107,7 @@ def test_shape_walk_names_a_wrong_shape(solved):
 
 # ---------------------------------------------------------------- per-head patterns
 
+
 def test_head_patterns_shows_every_heads_weights_side_by_side(solved):
     widget = patterns(solved)
     assert widget.problem == ""
@@ -102,7 +117,7 @@ def test_head_patterns_shows_every_heads_weights_side_by_side(solved):
     assert np.isnan(picture[:, T]).all()  # a blank column between the heads
     assert torch.allclose(widget.weights.sum(dim=-1), torch.ones(H, T, dtype=torch.float64))
     assert np.allclose(picture[:, :T], widget.weights[0].numpy())
-    assert np.allclose(picture[:, T + 1:], widget.weights[1].numpy())
+    assert np.allclose(picture[:, T + 1 :], widget.weights[1].numpy())
     assert [t.get_text() for t in widget.head_titles if t.get_visible()] == ["head 0", "head 1"]
 
 
@@ -175,6 +190,7 @@ def test_head_patterns_names_a_missing_projection(solved):
         def __init__(self, d_model, n_heads):
             super().__init__()
             self.q_proj = torch.nn.Linear(d_model, d_model, bias=False)
+
     widget = patterns(solved, MultiHeadAttention=Incomplete)
     assert "no linear layer `k_proj`" in widget.problem
 
@@ -183,6 +199,7 @@ def test_head_patterns_names_a_failing_merge(solved):
     def merge_heads(x):
         B, H, T, Dh = x.shape
         return x.transpose(1, 2).view(B, T, H * Dh)
+
     widget = patterns(solved, merge_heads=merge_heads)
     assert "`merge_heads` raised RuntimeError" in widget.problem
 

@@ -4,6 +4,7 @@ The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in), mistaken ones (built from the catalogue's mutants),
 or deliberately unfinished ones.
 """
+
 import pytest
 import torch
 
@@ -34,6 +35,7 @@ def memory(ref, **kwargs):
 
 
 # ---------------------------------------------------------------- CacheFilling
+
 
 def test_filling_shows_read_and_new_positions_of_the_chosen_step(solved):
     widget = filling(solved, prompt=4, step=3)
@@ -99,12 +101,16 @@ def test_filling_waits_for_unimplemented_functions_and_recovers(solved, missing)
 
 # ---------------------------------------------------------------- CacheMemory
 
+
 def test_memory_measures_the_learners_cache_against_kv_cache_bytes(solved):
     widget = memory(solved, tokens=128)
     assert widget.problem == ""
     # 4 layers x 2 (k and v) x G heads x 16 numbers x 128 tokens x 4 bytes
-    assert widget.measured == {"MHA": 2 * 4 * 8 * 16 * 128 * 4, "GQA": 2 * 4 * 2 * 16 * 128 * 4,
-                               "MQA": 2 * 4 * 1 * 16 * 128 * 4}
+    assert widget.measured == {
+        "MHA": 2 * 4 * 8 * 16 * 128 * 4,
+        "GQA": 2 * 4 * 2 * 16 * 128 * 4,
+        "MQA": 2 * 4 * 1 * 16 * 128 * 4,
+    }
     assert widget.measured == {k: int(v) for k, v in widget.predicted.items()}
     x, y = widget.dots["GQA"].get_data()
     assert list(x) == [128] and y[0] == pytest.approx(widget.measured["GQA"] / 2**20)

@@ -3,6 +3,7 @@
 The widgets get the reference solution's functions (what a learner who solved
 the exercises passes in) or deliberately unfinished or mistaken ones.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -24,16 +25,18 @@ def unimplemented(*args, **kwargs):
 
 
 def explorer(solved, causal_mask=None, token=2):
-    return MaskExplorer(causal_mask or solved.causal_mask, solved.attention_weights, solved.attention,
-                        X5, V5, token=token)
+    return MaskExplorer(
+        causal_mask or solved.causal_mask, solved.attention_weights, solved.attention, X5, V5, token=token
+    )
 
 
 def test_explorer_shows_the_worked_example(solved):
     widget = explorer(solved)
     assert widget.problem == ""
     weights = torch.as_tensor(np.ma.filled(widget.weight_image.get_array(), 0.0))
-    assert torch.allclose(weights[:3, :3].float(), torch.tensor(
-        [[1.0, 0.0, 0.0], [0.33, 0.67, 0.0], [0.25, 0.25, 0.50]]), atol=0.005)
+    assert torch.allclose(
+        weights[:3, :3].float(), torch.tensor([[1.0, 0.0, 0.0], [0.33, 0.67, 0.0], [0.25, 0.25, 0.50]]), atol=0.005
+    )
     scores = widget.score_image.get_array()
     assert bool(scores.mask[0, 1]) and not bool(scores.mask[1, 0])  # -inf above the diagonal, shown grey
     texts = {cell: text.get_text() for cell, text in widget.score_texts.items()}

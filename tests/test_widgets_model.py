@@ -4,13 +4,23 @@ The widgets get the reference solution's functions and a reference Llama
 (untrained: what the widgets show is computed the same way for any weights),
 or deliberately unfinished functions.
 """
+
 import pytest
 import torch
 
 from autograder import reference
 from course_widgets import explain_unfinished
-from course_widgets.model import (CORPUS, NO_MODEL, AttentionMaps, GenerationExplorer, TrainingMonitor,
-                                  attention_maps, load_corpus, loss_by_position, plot_loss_by_position)
+from course_widgets.model import (
+    CORPUS,
+    NO_MODEL,
+    AttentionMaps,
+    GenerationExplorer,
+    TrainingMonitor,
+    attention_maps,
+    load_corpus,
+    loss_by_position,
+    plot_loss_by_position,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +39,7 @@ def corpus():
 @pytest.fixture(scope="module")
 def model(solved, corpus):
     torch.manual_seed(0)
-    config = solved.ModelConfig(vocab_size=len(corpus[1]), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                d_hidden=64)
+    config = solved.ModelConfig(vocab_size=len(corpus[1]), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64)
     return solved.Llama(config).eval()
 
 
@@ -40,6 +49,7 @@ def unimplemented(*args, **kwargs):
 
 # ---------------------------------------------------------------- the corpus
 
+
 def test_corpus_is_small_plain_text():
     text = load_corpus()
     assert CORPUS.name == "tiny_tales.txt" and 15_000 < len(text) < 50_000
@@ -47,6 +57,7 @@ def test_corpus_is_small_plain_text():
 
 
 # ---------------------------------------------------------------- training monitor
+
 
 def test_monitor_draws_each_step_its_average_and_validation():
     monitor = TrainingMonitor(unigram_entropy=2.98, total_steps=100, redraw_seconds=0)
@@ -84,10 +95,10 @@ def test_monitor_shows_a_picture_until_the_browser_sets_the_figure_up(ipympl_can
     assert first.startswith(b"\x89PNG") and monitor.picture.layout.display is None
     monitor.record(1, 3.0)
     assert bytes(monitor.picture.value) != first
-    canvas._size = (640, 256)                # displaying the figure sets a size too: not ready yet
+    canvas._size = (640, 256)  # displaying the figure sets a size too: not ready yet
     assert monitor.picture.layout.display is None
-    canvas.syncing_data_url = False          # what ipympl does on the browser's "initialized"
-    canvas._size = (800, 320)                # ...followed by its resize message
+    canvas.syncing_data_url = False  # what ipympl does on the browser's "initialized"
+    canvas._size = (800, 320)  # ...followed by its resize message
     assert monitor.picture.layout.display == "none"
     shown = bytes(monitor.picture.value)
     pushed = []
@@ -104,6 +115,7 @@ def test_monitor_records_but_draws_nothing_while_graded(grading_env):
 
 # ---------------------------------------------------------------- attention maps
 
+
 def test_attention_maps_are_causal_distributions(solved, model, corpus):
     encode = corpus[2]
     tokens = torch.tensor([encode("The fox counted the stars.")])
@@ -118,8 +130,10 @@ def test_attention_maps_reproduce_what_each_layer_computes(solved, model, corpus
     """weights @ values, merged and projected, is exactly the attention layer's output."""
     tokens = torch.tensor([corpus[2]("Once there was a keeper.")])
     seen = []
-    hooks = [layer.attn.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
-             for layer in model.layers]
+    hooks = [
+        layer.attn.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+        for layer in model.layers
+    ]
     with torch.no_grad():
         model(tokens)
     for hook in hooks:
@@ -135,8 +149,15 @@ def test_attention_maps_reproduce_what_each_layer_computes(solved, model, corpus
 
 def test_attention_widget_follows_layer_head_and_query(solved, model, corpus):
     _, _, encode, decode = corpus
-    widget = AttentionMaps(model, "The cat slept on his knees.", encode, decode,
-                           solved.apply_rope, solved.attention_weights, solved.causal_mask)
+    widget = AttentionMaps(
+        model,
+        "The cat slept on his knees.",
+        encode,
+        decode,
+        solved.apply_rope,
+        solved.attention_weights,
+        solved.causal_mask,
+    )
     assert widget.problem == ""
     T = len("The cat slept on his knees.")
     assert (widget.layer.max, widget.head.max, widget.query.max) == (1, 3, T - 1)
@@ -151,8 +172,9 @@ def test_attention_widget_follows_layer_head_and_query(solved, model, corpus):
 
 def test_attention_widget_new_text_rebuilds(solved, model, corpus):
     _, _, encode, decode = corpus
-    widget = AttentionMaps(model, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights,
-                           solved.causal_mask)
+    widget = AttentionMaps(
+        model, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights, solved.causal_mask
+    )
     widget.text.value = "A longer piece of text."
     assert widget.maps.shape[-1] == len("A longer piece of text.")
     assert widget.query.max == len("A longer piece of text.") - 1
@@ -163,11 +185,13 @@ def test_attention_widget_new_text_rebuilds(solved, model, corpus):
 
 def test_attention_widget_waits_for_the_model_and_for_functions(solved, model, corpus):
     _, _, encode, decode = corpus
-    widget = AttentionMaps(None, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights,
-                           solved.causal_mask)
+    widget = AttentionMaps(
+        None, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights, solved.causal_mask
+    )
     assert widget.problem == NO_MODEL
-    widget = AttentionMaps(model, "The fox.", encode, decode, unimplemented, solved.attention_weights,
-                           solved.causal_mask)
+    widget = AttentionMaps(
+        model, "The fox.", encode, decode, unimplemented, solved.attention_weights, solved.causal_mask
+    )
     assert "Implement" in widget.problem and "has-problem" in widget._dom_classes
     widget.apply_rope = solved.apply_rope
     widget.head.value = 1
@@ -175,6 +199,7 @@ def test_attention_widget_waits_for_the_model_and_for_functions(solved, model, c
 
 
 # ---------------------------------------------------------------- generation
+
 
 def test_generation_bars_follow_the_exact_distribution(solved, model, corpus):
     _, _, encode, decode = corpus
@@ -227,7 +252,8 @@ def test_generation_waits_for_model_and_generate_and_names_wrong_shapes(solved, 
     assert widget.problem == ""
 
     def only_new_tokens(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
-        return solved.generate(model, tokens, max_new_tokens, temperature, top_k)[:, tokens.shape[1]:]
+        return solved.generate(model, tokens, max_new_tokens, temperature, top_k)[:, tokens.shape[1] :]
+
     widget = GenerationExplorer(only_new_tokens, model, encode, decode)
     assert "the prompt followed by the new token" in widget.problem
 
@@ -237,8 +263,11 @@ def test_generation_bars_follow_what_generate_feeds_past_max_seq_len(solved, cor
     the last max_seq_len characters (what generate reads), not of the whole prompt."""
     _, chars, encode, decode = corpus
     torch.manual_seed(2)
-    short = solved.Llama(solved.ModelConfig(vocab_size=len(chars), d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                                            d_hidden=64, max_seq_len=4)).eval()
+    short = solved.Llama(
+        solved.ModelConfig(
+            vocab_size=len(chars), d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_hidden=64, max_seq_len=4
+        )
+    ).eval()
     with torch.no_grad():
         for p in short.parameters():  # large weights: sharp distributions that depend on the whole context
             p.copy_(torch.randn_like(p))
@@ -254,11 +283,15 @@ def test_generation_bars_follow_what_generate_feeds_past_max_seq_len(solved, cor
 
 # ---------------------------------------------------------------- loss by position
 
+
 def test_loss_by_position_reads_the_whole_window_or_its_last_max_seq_len(solved, corpus):
     _, chars, encode, _ = corpus
     torch.manual_seed(3)
-    model = solved.Llama(solved.ModelConfig(vocab_size=len(chars), d_model=32, n_layers=1, n_heads=4, n_kv_heads=2,
-                                            d_hidden=64, max_seq_len=8)).eval()
+    model = solved.Llama(
+        solved.ModelConfig(
+            vocab_size=len(chars), d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_hidden=64, max_seq_len=8
+        )
+    ).eval()
     windows = torch.tensor([encode("Once upon a time there was a fox who lived by the sea.")[:30]] * 3)
     windows[1] = windows[1].roll(5)
     windows[2] = windows[2].roll(11)
@@ -272,7 +305,9 @@ def test_loss_by_position_reads_the_whole_window_or_its_last_max_seq_len(solved,
         assert float(losses["whole"][t]) == pytest.approx(float(expected), abs=1e-5)
     with torch.no_grad():
         last = model(windows[:, 12:20])[:, -1]  # position 19 reading positions 12 .. 19
-    assert losses["cropped"][3] == pytest.approx(float(torch.nn.functional.cross_entropy(last, windows[:, 20])), abs=1e-5)
+    assert losses["cropped"][3] == pytest.approx(
+        float(torch.nn.functional.cross_entropy(last, windows[:, 20])), abs=1e-5
+    )
     # at position max_seq_len - 1 both ways read the same characters
     assert losses["cropped"][0] == pytest.approx(float(losses["whole"][7]), abs=1e-5)
     figure = plot_loss_by_position(losses, unigram_entropy=3.0)
@@ -282,6 +317,7 @@ def test_loss_by_position_reads_the_whole_window_or_its_last_max_seq_len(solved,
 
 
 # ---------------------------------------------------------------- demos that wait for an exercise
+
 
 def test_a_demo_names_the_exercise_that_is_not_written_yet(capsys):
     class ModelConfig:
@@ -305,12 +341,14 @@ def test_a_demo_names_the_exercise_that_is_not_written_yet(capsys):
 def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved, model, corpus):
     _, _, encode, decode = corpus
     assert GenerationExplorer(solved.generate, model, encode, decode).skipped
-    widget = AttentionMaps(model, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights,
-                           solved.causal_mask)
+    widget = AttentionMaps(
+        model, "The fox.", encode, decode, solved.apply_rope, solved.attention_weights, solved.causal_mask
+    )
     assert widget.skipped and not hasattr(widget, "figure")
 
 
 # ---------------------------------------------------------------- blitting (course_widgets/base.py)
+
 
 def test_attention_maps_and_generation_blit_the_picture_matplotlib_draws(solved, model, corpus, ipympl_canvas):
     """On ipympl's canvas, another head or query, temperature or top-k changes only
@@ -318,19 +356,21 @@ def test_attention_maps_and_generation_blit_the_picture_matplotlib_draws(solved,
     blitted over a saved picture of the rest, and what is sent is what matplotlib
     draws in full."""
     import numpy as np
-
     from test_widgets_base import shown_by_blitting_then_by_matplotlib
 
     _, _, encode, decode = corpus
-    maps = AttentionMaps(model, "the fox and the owl", encode, decode, solved.apply_rope,
-                         solved.attention_weights, solved.causal_mask)
-    for change in (lambda: setattr(maps.head, "value", 2), lambda: setattr(maps.query, "value", 7),
-                   lambda: setattr(maps.layer, "value", 0)):
+    maps = AttentionMaps(
+        model, "the fox and the owl", encode, decode, solved.apply_rope, solved.attention_weights, solved.causal_mask
+    )
+    for change in (
+        lambda: setattr(maps.head, "value", 2),
+        lambda: setattr(maps.query, "value", 7),
+        lambda: setattr(maps.layer, "value", 0),
+    ):
         blitted, full = shown_by_blitting_then_by_matplotlib(maps, change)
         assert np.array_equal(blitted, full)
     explorer = GenerationExplorer(solved.generate, model, encode, decode, prompt="the ", samples=100)
-    for change in (lambda: setattr(explorer.temperature, "value", 1.5),
-                   lambda: setattr(explorer.top_k, "value", 3)):
+    for change in (lambda: setattr(explorer.temperature, "value", 1.5), lambda: setattr(explorer.top_k, "value", 3)):
         before = [text.get_text() for text in explorer.labels]
         blitted, full = shown_by_blitting_then_by_matplotlib(explorer, change)
         assert np.array_equal(blitted, full)

@@ -7,17 +7,18 @@ import fails, exactly as a missing package fails. Notebook 07 runs with 5 traini
 instead of 250 (the one line changed in a copy): the skipping is what is tested, not the
 training.
 """
-from pathlib import Path
 
 import nbformat
 import pytest
-
 from notebook_runner import REPOSITORY, execute
 
 SKIPPED = {
     "06_transformer_block": ["Hugging Face transformers could not be imported", "the comparison below is skipped"],
-    "07_llama": ["Hugging Face transformers could not be imported", "the comparisons below are skipped",
-                 "skipped: Hugging Face transformers is not installed"],
+    "07_llama": [
+        "Hugging Face transformers could not be imported",
+        "the comparisons below are skipped",
+        "skipped: Hugging Face transformers is not installed",
+    ],
 }
 
 
@@ -25,7 +26,7 @@ SKIPPED = {
 def no_transformers(tmp_path) -> dict:
     blocker = tmp_path / "blocked" / "transformers"
     blocker.mkdir(parents=True)
-    (blocker / "__init__.py").write_text('raise ImportError("No module named \'transformers\' (hidden by the test)")\n')
+    (blocker / "__init__.py").write_text("raise ImportError(\"No module named 'transformers' (hidden by the test)\")\n")
     return {"PYTHONPATH": str(blocker.parent)}
 
 

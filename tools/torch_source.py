@@ -16,6 +16,7 @@ The decision is read from what pip itself would install (`pip install --dry-run
     python tools/torch_source.py decide     # print the decision, install nothing
     python tools/torch_source.py install    # what ./course runs after the lock
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,10 +58,27 @@ def torch_pin(requirements: Path = REPOSITORY / "requirements" / "student.in") -
 def pip_report(python: str, requirement: str) -> dict:
     """What `pip install` would install for the requirement alone (a dry run: metadata only)."""
     result = subprocess.run(
-        [python, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-", "--no-deps",
-         "--ignore-installed", "--disable-pip-version-check", "--timeout", str(PIP_TIMEOUT),
-         "--retries", str(PIP_RETRIES), requirement],
-        capture_output=True, text=True)
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--report",
+            "-",
+            "--no-deps",
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            "--timeout",
+            str(PIP_TIMEOUT),
+            "--retries",
+            str(PIP_RETRIES),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise SystemExit(f"pip cannot find {requirement}:\n{result.stderr.strip()}")
     return json.loads(result.stdout)
@@ -87,15 +105,30 @@ def choose(report: dict) -> Choice:
         if applies:
             cuda.append(requirement.name)
     if cuda:
-        return Choice(True, f"pip would install the CUDA build {version} ({wheel}), which pulls "
-                            f"{', '.join(cuda)}: the CPU build comes from PyTorch's CPU index instead")
+        return Choice(
+            True,
+            f"pip would install the CUDA build {version} ({wheel}), which pulls "
+            f"{', '.join(cuda)}: the CPU build comes from PyTorch's CPU index instead",
+        )
     return Choice(False, f"pip's torch {version} ({wheel}) needs no NVIDIA libraries")
 
 
 def install(python: str, requirement: str, choice: Choice, cpu_index: str, target: str | None = None) -> int:
     """Install torch alone (--no-deps), from pip's usual sources or from the CPU index."""
-    command = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-               "--timeout", str(PIP_TIMEOUT), "--retries", str(PIP_RETRIES), requirement]
+    command = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--timeout",
+        str(PIP_TIMEOUT),
+        "--retries",
+        str(PIP_RETRIES),
+        requirement,
+    ]
     if choice.use_cpu_index:
         # the index's versions read "2.13.0+cpu", which "torch==2.13.0" matches
         command += ["--index-url", cpu_index]
@@ -105,11 +138,14 @@ def install(python: str, requirement: str, choice: Choice, cpu_index: str, targe
     if result.returncode != 0:
         errors = "\n".join(line for line in result.stderr.splitlines() if not line.startswith("WARNING: Location"))
         where = f"PyTorch's CPU index ({cpu_index})" if choice.use_cpu_index else "pip's configured sources"
-        print(f"{errors}\n\nCould not install {requirement} from {where}.\n"
-              f"Why this source: {choice.reason}.\n"
-              f"Check the connection and run the command again, or install it by hand:\n"
-              f"  {python} -m pip install --no-deps {requirement}"
-              + (f" --index-url {cpu_index}" if choice.use_cpu_index else ""), file=sys.stderr)
+        print(
+            f"{errors}\n\nCould not install {requirement} from {where}.\n"
+            f"Why this source: {choice.reason}.\n"
+            f"Check the connection and run the command again, or install it by hand:\n"
+            f"  {python} -m pip install --no-deps {requirement}"
+            + (f" --index-url {cpu_index}" if choice.use_cpu_index else ""),
+            file=sys.stderr,
+        )
     return result.returncode
 
 

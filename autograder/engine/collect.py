@@ -22,6 +22,7 @@ on: names that match nothing, unknown assignments, several candidate
 notebooks. A notebook under the wrong name is graded when it is the only
 notebook of that submission (it gets flagged ``wrong-file-name``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -87,7 +88,7 @@ class Submission:
     student: str
     assignment: str
     notebook: str
-    path: Path | None             # None: nothing submitted for this notebook
+    path: Path | None  # None: nothing submitted for this notebook
     source_name: str
     timestamp: str | None = None
     notes: list = field(default_factory=list)
@@ -119,14 +120,17 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
     for student_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
         student = student_dir.name
         if not usable_student_id(student):
-            found.messages.append(f"{student!r}: skipped, not a usable student id (letters, digits and . _ @ + -, "
-                                  "at most 100 characters)")
+            found.messages.append(
+                f"{student!r}: skipped, not a usable student id (letters, digits and . _ @ + -, at most 100 characters)"
+            )
             continue
         for assignment_dir in sorted(p for p in student_dir.iterdir() if p.is_dir() and p.name not in IGNORED_PARTS):
             assignment = assignment_dir.name
             if assignment not in notebooks:
-                found.messages.append(f"{student}/{assignment}: skipped, no assignment of that name "
-                                      f"(known: {', '.join(sorted(notebooks))})")
+                found.messages.append(
+                    f"{student}/{assignment}: skipped, no assignment of that name "
+                    f"(known: {', '.join(sorted(notebooks))})"
+                )
                 continue
             if wanted and assignment not in wanted:
                 continue
@@ -141,17 +145,38 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                     found.submissions.append(Submission(student, assignment, notebook, path, where, timestamp))
                 elif len(expected) == 1 and len(unexpected) == 1:
                     other = unexpected[0]
-                    note = (f"{student}/{assignment}: no {notebook}.ipynb; graded {other.name}, the only "
-                            f"notebook submitted, in its place")
-                    found.submissions.append(Submission(student, assignment, notebook, other,
-                                                        f"{student}/{assignment}/{other.name}", timestamp,
-                                                        notes=[note], flags=["wrong-file-name"]))
+                    note = (
+                        f"{student}/{assignment}: no {notebook}.ipynb; graded {other.name}, the only "
+                        f"notebook submitted, in its place"
+                    )
+                    found.submissions.append(
+                        Submission(
+                            student,
+                            assignment,
+                            notebook,
+                            other,
+                            f"{student}/{assignment}/{other.name}",
+                            timestamp,
+                            notes=[note],
+                            flags=["wrong-file-name"],
+                        )
+                    )
                     unexpected = []
                 else:
-                    reason = (f"no {notebook}.ipynb was submitted" +
-                              (f" (found {', '.join(p.name for p in unexpected)}; which one is it?)" if unexpected else ""))
-                    found.submissions.append(Submission(student, assignment, notebook, None, where, timestamp,
-                                                        notes=[f"{student}/{assignment}: {reason}"]))
+                    reason = f"no {notebook}.ipynb was submitted" + (
+                        f" (found {', '.join(p.name for p in unexpected)}; which one is it?)" if unexpected else ""
+                    )
+                    found.submissions.append(
+                        Submission(
+                            student,
+                            assignment,
+                            notebook,
+                            None,
+                            where,
+                            timestamp,
+                            notes=[f"{student}/{assignment}: {reason}"],
+                        )
+                    )
             for other in unexpected:
                 found.messages.append(f"{student}/{assignment}/{other.name}: skipped, not a notebook of {assignment}")
     return found
@@ -163,8 +188,9 @@ def _collector(config):
     return FileNameCollectorPlugin(config=config)
 
 
-def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[str] | None, config,
-              submitted: Path, replace: bool) -> Collection:
+def from_flat(
+    files: list[Path], notebooks: dict[str, list[str]], wanted: set[str] | None, config, submitted: Path, replace: bool
+) -> Collection:
     """LMS-style names, filed into ``submitted/<student>/<assignment>/`` (nbgrader's layout)."""
     found = Collection()
     plugin = _collector(config)
@@ -177,8 +203,10 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
         info = plugin.collect(path.name)
         if not info:
             if path.suffix == ".ipynb":
-                found.messages.append(f"{path.name}: skipped, the name does not say whose notebook it is "
-                                      f"(expected a name matching {plugin.named_regexp})")
+                found.messages.append(
+                    f"{path.name}: skipped, the name does not say whose notebook it is "
+                    f"(expected a name matching {plugin.named_regexp})"
+                )
             else:
                 found.messages.append(f"{path.name}: skipped, not a notebook")
             continue
@@ -195,8 +223,10 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
         key = (info["student_id"], notebook)
         timestamp = valid_timestamp(info.get("timestamp"))
         if key in chosen and (chosen[key][1] or "") >= (timestamp or ""):
-            found.messages.append(f"{path.name}: skipped, an equally recent or newer file for "
-                                  f"{info['student_id']}/{notebook} is in the same collection")
+            found.messages.append(
+                f"{path.name}: skipped, an equally recent or newer file for "
+                f"{info['student_id']}/{notebook} is in the same collection"
+            )
             continue
         chosen[key] = (path, timestamp)
     for (student, notebook), (path, timestamp) in sorted(chosen.items()):
@@ -204,16 +234,25 @@ def from_flat(files: list[Path], notebooks: dict[str, list[str]], wanted: set[st
         folder = submitted / student / assignment
         target = folder / f"{notebook}.ipynb"
         if target.exists() and target.read_bytes() != path.read_bytes() and not replace:
-            found.messages.append(f"{path.name}: kept the different {student}/{assignment}/{target.name} "
-                                  "already collected (use --replace to take this one)")
+            found.messages.append(
+                f"{path.name}: kept the different {student}/{assignment}/{target.name} "
+                "already collected (use --replace to take this one)"
+            )
         else:
             if not target.exists() or target.read_bytes() != path.read_bytes():
                 file_atomically(path, target)
             if timestamp:
                 file_atomically((timestamp + "\n").encode(), folder / "timestamp.txt")
-        found.submissions.append(Submission(student, assignment, notebook, target,
-                                            f"{student}/{assignment}/{target.name}",
-                                            timestamp or _stamp(folder)))
+        found.submissions.append(
+            Submission(
+                student,
+                assignment,
+                notebook,
+                target,
+                f"{student}/{assignment}/{target.name}",
+                timestamp or _stamp(folder),
+            )
+        )
     return found
 
 
@@ -261,8 +300,10 @@ def unzip(archive: Path, target: Path) -> tuple[Path, list[str]]:
     with archive_file:
         entries = archive_file.infolist()
         if len(entries) > MAX_FILES:
-            messages.append(f"{archive.name}: holds {len(entries)} members; only the first {MAX_FILES} were "
-                            "unpacked, the rest were skipped")
+            messages.append(
+                f"{archive.name}: holds {len(entries)} members; only the first {MAX_FILES} were "
+                "unpacked, the rest were skipped"
+            )
             entries = entries[:MAX_FILES]
         for entry in entries:
             shown = repr(entry.filename) if not entry.filename.isprintable() else entry.filename
@@ -329,19 +370,32 @@ def _looks_like_tree(folder: Path, notebooks: dict[str, list[str]]) -> Path | No
     """The folder holding ``<student>/<assignment>/`` below ``folder``, if there is one: the one
     holding the most such pairs (the shallowest of equals), so one oddly named member never
     decides where everyone else's submissions are looked for."""
-    candidates = [folder] + sorted(p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink()
-                                   and len(p.relative_to(folder).parts) <= 3)
+    candidates = [folder] + sorted(
+        p for p in folder.rglob("*") if p.is_dir() and not p.is_symlink() and len(p.relative_to(folder).parts) <= 3
+    )
     best, best_count = None, 0
     for candidate in candidates:
-        count = sum(1 for student in candidate.iterdir() if student.is_dir() and not student.is_symlink()
-                    for a in notebooks if (student / a).is_dir())
+        count = sum(
+            1
+            for student in candidate.iterdir()
+            if student.is_dir() and not student.is_symlink()
+            for a in notebooks
+            if (student / a).is_dir()
+        )
         if count > best_count:
             best, best_count = candidate, count
     return best
 
 
-def collect(source: Path, notebooks: dict[str, list[str]], wanted: set[str] | None, config,
-            submitted: Path, scratch: Path, replace: bool = False) -> Collection:
+def collect(
+    source: Path,
+    notebooks: dict[str, list[str]],
+    wanted: set[str] | None,
+    config,
+    submitted: Path,
+    scratch: Path,
+    replace: bool = False,
+) -> Collection:
     """The submissions in ``source`` (a folder or a zip) for the ``wanted`` assignments (None: all)."""
     source = Path(source)
     if not source.exists():
@@ -379,8 +433,10 @@ def _file_tree(found: Collection, submitted: Path, replace: bool) -> Collection:
         folder = submitted / submission.student / submission.assignment
         target = folder / submission.path.name
         if target.exists() and target.read_bytes() != submission.path.read_bytes() and not replace:
-            filed.messages.append(f"{submission.source_name}: kept the different copy already in submitted/ "
-                                  "(use --replace to take the zip's)")
+            filed.messages.append(
+                f"{submission.source_name}: kept the different copy already in submitted/ "
+                "(use --replace to take the zip's)"
+            )
         else:
             file_atomically(submission.path, target)
             stamp = submission.path.parent / "timestamp.txt"

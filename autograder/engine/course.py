@@ -9,6 +9,7 @@ the snapshot of one notebook that every grading job carries
 reference cells, the released data files and the one fingerprint of all that
 grading depends on, the grading code's digest (``identity``) included.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,11 +20,11 @@ from pathlib import Path
 
 from .. import reference
 from ..judging.cells import grade_id
+from ..judging.tamper import GradebookView
+from ..sandboxing.bubblewrap import Limits
+from ..verdict import expected_checks
 from .identity import code_digest
 from .job import AssignmentSpec
-from ..sandboxing.bubblewrap import Limits
-from ..judging.tamper import GradebookView
-from ..verdict import expected_checks
 
 
 class CourseFolder:
@@ -93,19 +94,23 @@ class CourseFolder:
 
     def graded_in_gradebook(self) -> set:
         """(student, assignment, notebook) that have autograded scores in the gradebook."""
-        from nbgrader.api import Gradebook, Grade, Notebook, SubmittedAssignment, SubmittedNotebook, Assignment, Student
+        from nbgrader.api import Assignment, Grade, Gradebook, Notebook, Student, SubmittedAssignment, SubmittedNotebook
 
         found = set()
         try:
             with Gradebook(self.db_url) as gradebook:
-                rows = (gradebook.db.query(Student.id, Assignment.name, Notebook.name)
-                        .select_from(SubmittedNotebook)
-                        .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
-                        .join(Student, SubmittedAssignment.student_id == Student.id)
-                        .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
-                        .join(Notebook, SubmittedNotebook.notebook_id == Notebook.id)
-                        .join(Grade, Grade.notebook_id == SubmittedNotebook.id)
-                        .filter(Grade.auto_score.isnot(None)).distinct().all())
+                rows = (
+                    gradebook.db.query(Student.id, Assignment.name, Notebook.name)
+                    .select_from(SubmittedNotebook)
+                    .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+                    .join(Student, SubmittedAssignment.student_id == Student.id)
+                    .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
+                    .join(Notebook, SubmittedNotebook.notebook_id == Notebook.id)
+                    .join(Grade, Grade.notebook_id == SubmittedNotebook.id)
+                    .filter(Grade.auto_score.isnot(None))
+                    .distinct()
+                    .all()
+                )
                 found = {tuple(row) for row in rows}
         except Exception:
             pass
@@ -125,25 +130,39 @@ class CourseFolder:
         order = [grade_id(c) for c in released_nb.cells if grade_id(c)]
         with Gradebook(self.db_url) as gradebook:
             view = GradebookView.read(gradebook, assignment, notebook, order)
-        expected = {c.name: expected_checks(c.source) for c in view.notebook.grade_cells
-                    if c.cell_type == "code" and expected_checks(c.source)}
+        expected = {
+            c.name: expected_checks(c.source)
+            for c in view.notebook.grade_cells
+            if c.cell_type == "code" and expected_checks(c.source)
+        }
         os.environ["AUTOGRADER_SOLUTIONS"] = str(self.source)  # reference.source_cells reads it
         cells = reference.source_cells(assignment) if notebook == assignment else []
         files = {}
         folder = self.release / assignment
         if folder.is_dir():
             for path in sorted(folder.rglob("*")):
-                if path.is_file() and path.suffix != ".ipynb" and ".ipynb_checkpoints" not in path.parts \
-                        and path.stat().st_size < 50 * 1024 * 1024:
+                if (
+                    path.is_file()
+                    and path.suffix != ".ipynb"
+                    and ".ipynb_checkpoints" not in path.parts
+                    and path.stat().st_size < 50 * 1024 * 1024
+                ):
                     files[str(path.relative_to(folder))] = path.read_bytes().hex()
         arguments = list(self.config.Execute.get("extra_arguments", [])) if "Execute" in self.config else []
         hasher = hashlib.sha256()
-        for part in (json.dumps(view.__dict__, default=lambda o: o.__dict__, sort_keys=True), released,
-                     json.dumps(cells), json.dumps(files, sort_keys=True), json.dumps(arguments), repr(limits)):
+        for part in (
+            json.dumps(view.__dict__, default=lambda o: o.__dict__, sort_keys=True),
+            released,
+            json.dumps(cells),
+            json.dumps(files, sort_keys=True),
+            json.dumps(arguments),
+            repr(limits),
+        ):
             hasher.update(part.encode())
         hasher.update(code_digest().encode())
-        return AssignmentSpec(assignment, notebook, view, released, cells, expected, files, arguments,
-                              hasher.hexdigest(), self.config)
+        return AssignmentSpec(
+            assignment, notebook, view, released, cells, expected, files, arguments, hasher.hexdigest(), self.config
+        )
 
 
 def _student_version(course: CourseFolder, assignment: str, notebook: str) -> str:

@@ -28,6 +28,7 @@ an unreachable scheduler, a cluster without workers, a worker whose sandbox
 cannot start or that runs other grader code, each gives a clear message and
 the command stops with nothing written.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,10 +40,10 @@ from pathlib import Path
 
 from distributed import WorkerPlugin
 
+from ..sandboxing.bubblewrap import probe
 from .identity import code_digest
 from .job import WORKERS_DIED, Job, Result, failed_result
 from .runners import Station, grade_at
-from ..sandboxing.bubblewrap import probe
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout each worker runs (its assets/)
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
@@ -50,6 +51,7 @@ WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
 
 
 # ---------------------------------------------------------------- on the workers
+
 
 def _sweep_leftovers() -> None:
     """Remove the scratch folders of worker processes that were killed before they could."""
@@ -68,8 +70,9 @@ def station(sandboxed: bool) -> Station:
     with _stations_lock:
         if sandboxed not in _stations:
             _sweep_leftovers()
-            _stations[sandboxed] = Station(REPOSITORY, sandboxed,
-                                           base=Path(tempfile.mkdtemp(prefix=f"ag-dask-{os.getpid()}-")))
+            _stations[sandboxed] = Station(
+                REPOSITORY, sandboxed, base=Path(tempfile.mkdtemp(prefix=f"ag-dask-{os.getpid()}-"))
+            )
         return _stations[sandboxed]
 
 
@@ -99,9 +102,8 @@ def dask_setup(worker) -> None:
     nothing. A worker whose sandbox cannot start still starts; the command's check says why."""
     import logging
 
-    from ..sandboxing import execute  # noqa: F401  (torch, nbclient: what grading imports)
-
     from ..judging import judge  # noqa: F401
+    from ..sandboxing import execute  # noqa: F401  (torch, nbclient: what grading imports)
 
     reason = probe(REPOSITORY)
     if reason is None:
@@ -117,8 +119,10 @@ def plugin_name(sandboxed: bool) -> str:
 def check_worker(sandboxed: bool, digest: str) -> str | None:
     """On a worker: None when it can grade for this command, else why not."""
     if code_digest() != digest:
-        return ("it runs different grading code than this command (update its checkout of the course to the "
-                "same commit and restart it)")
+        return (
+            "it runs different grading code than this command (update its checkout of the course to the "
+            "same commit and restart it)"
+        )
     if sandboxed:
         reason = probe(REPOSITORY)
         if reason:
@@ -129,8 +133,9 @@ def check_worker(sandboxed: bool, digest: str) -> str | None:
 def grade_task(job: Job, digest: str, sandboxed: bool) -> Result:
     """One submission notebook, on whichever worker the scheduler chose."""
     if code_digest() != digest:
-        raise RuntimeError("this worker runs different grading code than the grade command; "
-                           "update its checkout and restart it")
+        raise RuntimeError(
+            "this worker runs different grading code than the grade command; update its checkout and restart it"
+        )
     result = grade_at(station(sandboxed), job)
     try:
         from distributed import get_worker
@@ -142,6 +147,7 @@ def grade_task(job: Job, digest: str, sandboxed: bool) -> Result:
 
 
 # ---------------------------------------------------------------- in the grade command
+
 
 class DaskCluster:
     """The grade command's side: connect, check the workers, grade ``jobs`` there.
@@ -164,24 +170,30 @@ class DaskCluster:
             self.client = Client(self.address, timeout=CONNECT_SECONDS, set_as_default=False)
         except Exception as error:
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-            return (f"cannot reach the Dask scheduler at {self.address} ({detail}).\n"
-                    "       Is `./course scheduler` (or `dask scheduler`) running there, and can this machine "
-                    "reach its port?")
+            return (
+                f"cannot reach the Dask scheduler at {self.address} ({detail}).\n"
+                "       Is `./course scheduler` (or `dask scheduler`) running there, and can this machine "
+                "reach its port?"
+            )
         try:
             self.client.wait_for_workers(1, timeout=WORKERS_SECONDS)
         except Exception:
             self.close()
-            return (f"the Dask scheduler at {self.address} has no workers (waited {WORKERS_SECONDS:.0f} s); "
-                    f"start some with `./course worker {self.address}`")
+            return (
+                f"the Dask scheduler at {self.address} has no workers (waited {WORKERS_SECONDS:.0f} s); "
+                f"start some with `./course worker {self.address}`"
+            )
         self.client.register_plugin(GraderPlugin(self.sandboxed), name=plugin_name(self.sandboxed))
         answers = self.client.run(check_worker, self.sandboxed, self.digest)
         refused = {worker: reason for worker, reason in answers.items() if reason}
         if refused:
             self.close()
             lines = "\n".join(f"         {worker}: {reason}" for worker, reason in sorted(refused.items()))
-            return (f"{len(refused)} of the {len(answers)} Dask workers at {self.address} cannot grade:\n{lines}\n"
-                    "       Fix or stop those workers" + ("." if not self.sandboxed else
-                                                          ", or pass --unsandboxed if it is the sandbox."))
+            return (
+                f"{len(refused)} of the {len(answers)} Dask workers at {self.address} cannot grade:\n{lines}\n"
+                "       Fix or stop those workers"
+                + ("." if not self.sandboxed else ", or pass --unsandboxed if it is the sandbox.")
+            )
         return None
 
     def describe(self, jobs: int) -> str:
@@ -212,8 +224,10 @@ class DaskCluster:
             except KilledWorker as error:
                 tries = error.allowed_failures + 1
                 on_result(failed_result(job, WORKERS_DIED.format(tries=tries)))
-                problems.append(f"{label}: {tries} grading workers died while grading it; marked failed "
-                                "(no points, flagged), the next run tries it again")
+                problems.append(
+                    f"{label}: {tries} grading workers died while grading it; marked failed "
+                    "(no points, flagged), the next run tries it again"
+                )
             except Exception as error:
                 problems.append(f"{label}: grading failed ({type(error).__name__}: {error}); not graded")
             else:

@@ -6,6 +6,7 @@ files of the two code packages (folders with an ``__init__.py``), never
 anything of nbgrader's course root (``coursework/``: submissions, gradebook,
 feedback), so no student file, whatever its name or kind, can change it.
 """
+
 from __future__ import annotations
 
 import functools

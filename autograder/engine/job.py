@@ -10,6 +10,7 @@ writes nothing but sandbox scratch files, so it runs wherever a runner puts it
 (``sandbox.WarmSandbox``) with one ``judge.Judge`` per assignment kept for the
 worker's life. The single writer (``writer.Writer``) commits the result.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,8 @@ import nbformat
 from .. import checks
 from ..judging.cells import error_output, graded_id
 from ..judging.flags import GRADING_FAILED, NOT_GRADED
-from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
 from ..judging.tamper import GradebookView, Inspection, inspect, restore_grading_metadata, sanitize
+from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
 from ..verdict import mistake_of
 
 
@@ -32,14 +33,14 @@ class AssignmentSpec:
 
     assignment: str
     notebook: str
-    view: GradebookView                   # the gradebook's source cells
-    released: str                         # the released student notebook (JSON)
-    reference_cells: list                 # (grade_id, source) from solutions/, for the judge only
-    expected: dict                        # grade cell id -> [(assignment, exercise)]
+    view: GradebookView  # the gradebook's source cells
+    released: str  # the released student notebook (JSON)
+    reference_cells: list  # (grade_id, source) from solutions/, for the judge only
+    expected: dict  # grade cell id -> [(assignment, exercise)]
     files: dict = field(default_factory=dict)  # other released files: relative path -> hex
     kernel_arguments: list = field(default_factory=list)
-    fingerprint: str = ""                 # changes when anything that affects grading changes
-    config: object = None                 # the course's nbgrader configuration (the feedback exporter's)
+    fingerprint: str = ""  # changes when anything that affects grading changes
+    config: object = None  # the course's nbgrader configuration (the feedback exporter's)
 
 
 @dataclass
@@ -47,13 +48,13 @@ class Job:
     student: str
     assignment: str
     notebook: str
-    data: bytes | None          # the submitted file, None when there is none
-    source_name: str            # where it came from, for messages
-    digest: str                 # of the submitted bytes (and timestamp)
+    data: bytes | None  # the submitted file, None when there is none
+    source_name: str  # where it came from, for messages
+    digest: str  # of the submitted bytes (and timestamp)
     spec: AssignmentSpec
     limits: Limits
     timestamp: str | None = None
-    notes: list = field(default_factory=list)   # from collection (e.g. renamed file)
+    notes: list = field(default_factory=list)  # from collection (e.g. renamed file)
     flags: list = field(default_factory=list)
 
 
@@ -74,14 +75,14 @@ class Result:
     notebook: str
     digest: str
     fingerprint: str
-    graded: bool                      # False: rejected (bad input), graded as an empty submission
-    notebook_json: str                # the autograded notebook
-    feedback_html: str = ""           # its feedback page (the worker's own grades; "" when not rendered)
-    messages: list = field(default_factory=list)   # for the instructor
+    graded: bool  # False: rejected (bad input), graded as an empty submission
+    notebook_json: str  # the autograded notebook
+    feedback_html: str = ""  # its feedback page (the worker's own grades; "" when not rendered)
+    messages: list = field(default_factory=list)  # for the instructor
     flags: list = field(default_factory=list)
-    checks: list = field(default_factory=list)     # CheckRecord
-    scores: dict = field(default_factory=dict)     # grade id -> [score, max]: SaveAutoGrades' auto scores
-    comments: dict = field(default_factory=dict)   # answer cell id -> SaveAutoGrades' auto comment (or None)
+    checks: list = field(default_factory=list)  # CheckRecord
+    scores: dict = field(default_factory=dict)  # grade id -> [score, max]: SaveAutoGrades' auto scores
+    comments: dict = field(default_factory=dict)  # answer cell id -> SaveAutoGrades' auto comment (or None)
     cell_seconds: float = 0.0
     cell_cpu_seconds: float = 0.0
     kernel_seconds: float = 0.0
@@ -90,10 +91,11 @@ class Result:
     faults: list = field(default_factory=list)
     timestamp: str | None = None
     worker: str = ""
-    started: float = 0.0              # when its worker began it (epoch seconds)
+    started: float = 0.0  # when its worker began it (epoch seconds)
 
 
 # ---------------------------------------------------------------- reading the file
+
 
 class Rejected(Exception):
     """The submission cannot be graded; the message says why, for the instructor and the student."""
@@ -112,8 +114,9 @@ def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tupl
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as error:
-        raise Rejected(f"{name} is not valid JSON ({error.msg} at line {error.lineno}); "
-                       "was it saved completely?") from None
+        raise Rejected(
+            f"{name} is not valid JSON ({error.msg} at line {error.lineno}); was it saved completely?"
+        ) from None
     except (ValueError, RecursionError) as error:
         raise Rejected(f"{name} is not valid JSON ({type(error).__name__})") from None
     if not isinstance(raw, dict) or "nbformat" not in raw:
@@ -158,8 +161,10 @@ def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNo
     return nb
 
 
-WORKERS_DIED = ("grading this notebook stopped the grading worker {tries} times, so it was not graded; "
-                "the instructor will look at it")
+WORKERS_DIED = (
+    "grading this notebook stopped the grading worker {tries} times, so it was not graded; "
+    "the instructor will look at it"
+)
 
 
 def failed_result(job: Job, message: str) -> Result:
@@ -168,12 +173,24 @@ def failed_result(job: Job, message: str) -> Result:
     fingerprint makes the next run try it again."""
     nb = rejected_notebook(job.spec, message)
     scores, comments = grades_of(nb)
-    return Result(job.student, job.assignment, job.notebook, job.digest, "", False, nbformat.writes(nb),
-                  messages=[*job.notes, message], flags=[*job.flags, NOT_GRADED, GRADING_FAILED],
-                  scores=scores, comments=comments, timestamp=job.timestamp)
+    return Result(
+        job.student,
+        job.assignment,
+        job.notebook,
+        job.digest,
+        "",
+        False,
+        nbformat.writes(nb),
+        messages=[*job.notes, message],
+        flags=[*job.flags, NOT_GRADED, GRADING_FAILED],
+        scores=scores,
+        comments=comments,
+        timestamp=job.timestamp,
+    )
 
 
 # ---------------------------------------------------------------- verdicts into outputs
+
 
 def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[list, list]:
     """Make each grade cell's outputs agree with the grader's own record of its checks.
@@ -195,8 +212,10 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
             if verdict is None:
                 message = f"The hidden checks of `{exercise}` did not run."
                 if index not in faulty:
-                    message += (" The notebook stopped them (it replaced or broke the grading helpers), "
-                                "so they give no points; it is flagged for review. [mistake:tampering]")
+                    message += (
+                        " The notebook stopped them (it replaced or broke the grading helpers), "
+                        "so they give no points; it is flagged for review. [mistake:tampering]"
+                    )
                     flags.append("hidden-checks-missing")
             elif not verdict.finished:
                 message = f"The hidden checks of `{exercise}` did not finish (the cell was stopped)."
@@ -213,8 +232,16 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                 cell.outputs.append(error_output("CheckFailed", message))
             mistake = mistake_of(message)
             judge = server.judges.get(assignment)
-            records.append(CheckRecord(gid, exercise, message is None, message, mistake,
-                                       judge.mistake_name(exercise, mistake) if judge and mistake else None))
+            records.append(
+                CheckRecord(
+                    gid,
+                    exercise,
+                    message is None,
+                    message,
+                    mistake,
+                    judge.mistake_name(exercise, mistake) if judge and mistake else None,
+                )
+            )
     return records, flags
 
 
@@ -230,7 +257,9 @@ def grades_of(nb) -> tuple[dict, dict]:
             scores[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
         if is_solution(cell) or is_task(cell):
             untouched = cell.metadata.nbgrader.get("checksum", None) == compute_checksum(cell)
-            comments[cell.metadata["nbgrader"]["grade_id"]] = "No response." if untouched and not is_task(cell) else None
+            comments[cell.metadata["nbgrader"]["grade_id"]] = (
+                "No response." if untouched and not is_task(cell) else None
+            )
     return scores, comments
 
 
@@ -248,13 +277,20 @@ def finish(result: Result, nb, spec: AssignmentSpec, started: float) -> Result:
         key = json.dumps(spec.config, sort_keys=True, default=repr)
         if key not in _pages:
             _pages[key] = FeedbackPages(spec.config)
-        result.feedback_html = _pages[key].render(result.notebook_json, result.student, result.assignment,
-                                                  result.notebook, grades=result.scores, comments=result.comments)
+        result.feedback_html = _pages[key].render(
+            result.notebook_json,
+            result.student,
+            result.assignment,
+            result.notebook,
+            grades=result.scores,
+            comments=result.comments,
+        )
     result.seconds = time.monotonic() - started
     return result
 
 
 # ---------------------------------------------------------------- the unit of work
+
 
 def prepare(job: Job, result: Result, resources: dict):
     """The submission read, its grading metadata restored, inspected and sanitized, ready to run:
@@ -289,11 +325,23 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
 
     started = time.monotonic()
     spec = job.spec
-    result = Result(job.student, job.assignment, job.notebook, job.digest, spec.fingerprint, True, "",
-                    messages=list(job.notes), flags=list(job.flags), timestamp=job.timestamp,
-                    worker=f"w{sandbox.slot}", started=time.time())
-    resources = {"nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook,
-                              "db_url": None}}
+    result = Result(
+        job.student,
+        job.assignment,
+        job.notebook,
+        job.digest,
+        spec.fingerprint,
+        True,
+        "",
+        messages=list(job.notes),
+        flags=list(job.flags),
+        timestamp=job.timestamp,
+        worker=f"w{sandbox.slot}",
+        started=time.time(),
+    )
+    resources = {
+        "nbgrader": {"student": job.student, "assignment": job.assignment, "notebook": job.notebook, "db_url": None}
+    }
     try:
         nb, resources, forged = prepare(job, result, resources)
     except Rejected as rejection:
@@ -311,8 +359,14 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
     server = judging.VerdictServer(socket_path, {spec.assignment: judges[key]}, spec.expected)
     try:
         executor = ContainedExecute(
-            sandbox, job.limits, str(sandbox.work_dir(job.assignment)), kernel_environment(socket_path),
-            list(spec.kernel_arguments), spec.files, server=server)
+            sandbox,
+            job.limits,
+            str(sandbox.work_dir(job.assignment)),
+            kernel_environment(socket_path),
+            list(spec.kernel_arguments),
+            spec.files,
+            server=server,
+        )
         execution = executor.run(nb)
         records, flags = apply_verdicts(nb, server, spec.expected, execution, forged)
     finally:

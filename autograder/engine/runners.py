@@ -13,6 +13,7 @@ grades, and ``grade_at`` grades one job in one of them
 (``job.grade_submission``). A local pool process has one thread, so one
 sandbox; a Dask worker process keeps one per thread it grades with.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as futures
@@ -23,12 +24,13 @@ import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from .job import Job, Result, grade_submission
 from ..sandboxing.bubblewrap import Limits, WarmSandbox, claim_slot
+from .job import Job, Result, grade_submission
 
 
 class Runner(Protocol):
@@ -52,6 +54,7 @@ class Runner(Protocol):
 
 # ---------------------------------------------------------------- the grading side, shared
 
+
 @dataclass
 class Seat:
     """One warm sandbox and the judges (one per assignment snapshot) that grade in it."""
@@ -67,16 +70,15 @@ class Station:
     it starts; each notebook's limits travel with its job.
     """
 
-    def __init__(self, course_root: Path, sandboxed: bool, limits: Limits = Limits(), base: Path | None = None):
-        self.course_root, self.sandboxed, self.limits = Path(course_root), sandboxed, limits
+    def __init__(self, course_root: Path, sandboxed: bool, limits: Limits | None = None, base: Path | None = None):
+        self.course_root, self.sandboxed, self.limits = Path(course_root), sandboxed, limits or Limits()
         self.base = base or Path(tempfile.mkdtemp(prefix=f"ag-{os.getpid()}-"))
         self.idle: list[Seat] = []
         self.everyone: list[Seat] = []
         self.lock = threading.Lock()
 
     def _new(self) -> Seat:
-        sandbox = WarmSandbox(claim_slot(), self.course_root, self.limits, sandboxed=self.sandboxed,
-                              base_dir=self.base)
+        sandbox = WarmSandbox(claim_slot(), self.course_root, self.limits, sandboxed=self.sandboxed, base_dir=self.base)
         sandbox.launch()  # it imports torch while this process does other work
         seat = Seat(sandbox)
         with self.lock:
@@ -141,8 +143,9 @@ def _pool_process_init(course_root: str, limits: Limits, sandboxed: bool, base_d
     station = Station(Path(course_root), sandboxed, limits, Path(base_dir))
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
-    from ..sandboxing import execute  # noqa: F401  (what grading imports, while the sandbox warms up)
     from ..judging import judge  # noqa: F401
+    from ..sandboxing import execute  # noqa: F401  (what grading imports, while the sandbox warms up)
+
     station.give_back(station.take())  # ready
     _station.append(station)
     if os.environ.get("AUTOGRADER_TRACE"):
@@ -185,8 +188,11 @@ class LocalPool:
             return
         count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
         self.executor = futures.ProcessPoolExecutor(
-            max_workers=count, mp_context=self.context, initializer=_pool_process_init,
-            initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base)))
+            max_workers=count,
+            mp_context=self.context,
+            initializer=_pool_process_init,
+            initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base)),
+        )
         for _ in range(count):  # spawn them all now: each warms up while we prepare the jobs
             self.executor.submit(_pool_process_pid)
 

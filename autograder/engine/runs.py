@@ -14,6 +14,7 @@ earlier run of this course left in ``incoming/`` is removed, and so is every
 ``check_outputs`` checks every place the run will write (gradebook, CSV,
 report, course folders) before anything is read, filed or graded, writing nothing.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -51,13 +52,18 @@ class RunLock:
                     handle.seek(0)
                     holder = _describe(handle.read())
                     handle.close()
-                    raise Busy(f"another grading run is working on this course ({holder}); wait for it to "
-                               "finish, then run the command again") from None
+                    raise Busy(
+                        f"another grading run is working on this course ({holder}); wait for it to "
+                        "finish, then run the command again"
+                    ) from None
                 time.sleep(0.5)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}))
+        handle.write(
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            )
+        )
         handle.flush()
         self.handle = handle
 
@@ -97,7 +103,7 @@ def sweep_temporary() -> int:
     """Remove ``$TMPDIR/ag-run-<pid>-*`` folders whose process is gone (runs killed before they could)."""
     removed = 0
     for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = folder.name[len(SCRATCH_PREFIX):].split("-")[0]
+        pid = folder.name[len(SCRATCH_PREFIX) :].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
@@ -141,5 +147,5 @@ def sqlite_path(db_url: str) -> Path | None:
     """The file of a ``sqlite:///`` gradebook URL (None for another database or an in-memory one)."""
     if not db_url.startswith("sqlite:///"):
         return None
-    rest = db_url[len("sqlite:///"):].split("?")[0]
+    rest = db_url[len("sqlite:///") :].split("?")[0]
     return Path(rest) if rest and rest != ":memory:" else None

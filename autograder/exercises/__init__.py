@@ -5,6 +5,7 @@ The module for assignment ``NN_topic`` is ``autograder.exercises.topic``
 a dict of ``checks.Exercise`` by name; adding a notebook's module touches no
 other file.
 """
+
 import importlib
 import re
 

@@ -15,6 +15,7 @@ It is written as cases, not as ``Exercise.properties``, so that a learner who
 breaks it through a known mistake (the mask applied after the softmax) is
 still told which mistake it is.
 """
+
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ def _randint(low: int, high: int, generator) -> int:
 
 # ---------------------------------------------------------------- causal_mask
 
+
 def causal_mask_cases(ref):
     g = _generator(2002)
     yield Case("T=3 (the worked example)", (3,))
@@ -58,10 +60,13 @@ def causal_mask_cases(ref):
 
 def _mask_mutant(build):
     """A mistaken causal_mask: ``build(T, S)`` with S defaulting to T."""
+
     def mutant(ref):
         def causal_mask(T, S=None):
             return build(T, T if S is None else S)
+
         return causal_mask
+
     return mutant
 
 
@@ -77,48 +82,95 @@ def _additive_mask(ref):
     def causal_mask(T, S=None):
         allowed = ref.causal_mask(T, S)
         return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+
     return causal_mask
 
 
-INVERTED_HINT = ("Row t is query t, column s is key s, and query t may attend to keys s ≤ t: the allowed "
-                 "cells are on and below the diagonal, the lower triangle (`tril`, not `triu`).")
-DIAGONAL_HINT = ("Every token may attend to itself, so mask[t, t] is True: keep the diagonal "
-                 "(`tril(diagonal=0)` when S == T, not `diagonal=-1`).")
-POLARITY_HINT = ("True means \"may attend\" (as in F.scaled_dot_product_attention): True on and below "
-                 "the diagonal, False above it, where the future is.")
-TOP_LEFT_HINT = ("With S > T keys the T queries are the LAST T positions (the first S - T keys are cached "
-                 "earlier tokens), so query t sits at position t + S - T and sees keys 0 .. t + S - T: "
-                 "shift the triangle, `tril(diagonal=S - T)`. The last query sees every key.")
+INVERTED_HINT = (
+    "Row t is query t, column s is key s, and query t may attend to keys s ≤ t: the allowed "
+    "cells are on and below the diagonal, the lower triangle (`tril`, not `triu`)."
+)
+DIAGONAL_HINT = (
+    "Every token may attend to itself, so mask[t, t] is True: keep the diagonal "
+    "(`tril(diagonal=0)` when S == T, not `diagonal=-1`)."
+)
+POLARITY_HINT = (
+    'True means "may attend" (as in F.scaled_dot_product_attention): True on and below '
+    "the diagonal, False above it, where the future is."
+)
+TOP_LEFT_HINT = (
+    "With S > T keys the T queries are the LAST T positions (the first S - T keys are cached "
+    "earlier tokens), so query t sits at position t + S - T and sees keys 0 .. t + S - T: "
+    "shift the triangle, `tril(diagonal=S - T)`. The last query sees every key."
+)
 
 CAUSAL_MASK_MISTAKES = [
-    Mistake("inverted-triangle", "the allowed cells form the upper triangle instead of the lower one",
-            INVERTED_HINT, _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=S - T))),
-    Mistake("inverted-triangle", "the allowed cells form the upper triangle instead of the lower one",
-            INVERTED_HINT, _mask_mutant(lambda T, S: _ones(T, S).triu())),
-    Mistake("diagonal-excluded", "the diagonal is excluded: no token may attend to itself",
-            DIAGONAL_HINT, _mask_mutant(lambda T, S: _ones(T, S).tril(diagonal=S - T - 1))),
-    Mistake("diagonal-excluded", "the diagonal is excluded: no token may attend to itself",
-            DIAGONAL_HINT, _mask_mutant(lambda T, S: _ones(T, S).tril(diagonal=-1))),
-    Mistake("mask-polarity", "the mask's polarity is inverted (True where attention is blocked)",
-            POLARITY_HINT, _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=S - T + 1))),
-    Mistake("mask-polarity", "the mask's polarity is inverted (True where attention is blocked)",
-            POLARITY_HINT, _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=1))),
-    Mistake("top-left-aligned", "with S > T the mask is aligned top-left instead of bottom-right",
-            TOP_LEFT_HINT, _mask_mutant(lambda T, S: _ones(T, S).tril())),
-    Mistake("s-ignored", "`S` is ignored: the mask is always (T, T)",
-            "With S keys the mask has S columns: use S, and only when it is None use T.",
-            _mask_mutant(lambda T, S: _ones(T, T).tril())),
-    Mistake("float-mask", "the mask holds the numbers 0 and 1, not booleans",
-            "Return dtype torch.bool: attention_weights computes `~mask` and `masked_fill(~mask, ...)`, "
-            "which need booleans. `torch.ones(T, S, dtype=torch.bool)` or a comparison such as `<=` gives them.",
-            _float_mask),
-    Mistake("additive-mask", "an additive mask (0 and -inf) instead of a boolean one",
-            "Return booleans, True where attention is allowed: attention_weights turns them into -inf "
-            "scores itself.", _additive_mask),
+    Mistake(
+        "inverted-triangle",
+        "the allowed cells form the upper triangle instead of the lower one",
+        INVERTED_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=S - T)),
+    ),
+    Mistake(
+        "inverted-triangle",
+        "the allowed cells form the upper triangle instead of the lower one",
+        INVERTED_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).triu()),
+    ),
+    Mistake(
+        "diagonal-excluded",
+        "the diagonal is excluded: no token may attend to itself",
+        DIAGONAL_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).tril(diagonal=S - T - 1)),
+    ),
+    Mistake(
+        "diagonal-excluded",
+        "the diagonal is excluded: no token may attend to itself",
+        DIAGONAL_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).tril(diagonal=-1)),
+    ),
+    Mistake(
+        "mask-polarity",
+        "the mask's polarity is inverted (True where attention is blocked)",
+        POLARITY_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=S - T + 1)),
+    ),
+    Mistake(
+        "mask-polarity",
+        "the mask's polarity is inverted (True where attention is blocked)",
+        POLARITY_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=1)),
+    ),
+    Mistake(
+        "top-left-aligned",
+        "with S > T the mask is aligned top-left instead of bottom-right",
+        TOP_LEFT_HINT,
+        _mask_mutant(lambda T, S: _ones(T, S).tril()),
+    ),
+    Mistake(
+        "s-ignored",
+        "`S` is ignored: the mask is always (T, T)",
+        "With S keys the mask has S columns: use S, and only when it is None use T.",
+        _mask_mutant(lambda T, S: _ones(T, T).tril()),
+    ),
+    Mistake(
+        "float-mask",
+        "the mask holds the numbers 0 and 1, not booleans",
+        "Return dtype torch.bool: attention_weights computes `~mask` and `masked_fill(~mask, ...)`, "
+        "which need booleans. `torch.ones(T, S, dtype=torch.bool)` or a comparison such as `<=` gives them.",
+        _float_mask,
+    ),
+    Mistake(
+        "additive-mask",
+        "an additive mask (0 and -inf) instead of a boolean one",
+        "Return booleans, True where attention is allowed: attention_weights turns them into -inf scores itself.",
+        _additive_mask,
+    ),
 ]
 
 
 # ---------------------------------------------------------------- causal_attention
+
 
 @dataclass
 class FutureChangeCase(Case):
@@ -149,8 +201,10 @@ def _future_change_case(generator, batch: tuple, T: int, d: int, d_v: int, dtype
         x[..., positions, :] = torch.randn(*batch, len(positions), x.shape[-1], generator=generator, dtype=dtype) * 3
         changed.append(x)
     shape = "×".join(str(n) for n in (*batch, T))
-    label = (f"a random sequence ({shape} tokens) with token{'s' if len(positions) > 1 else ''} "
-             f"{', '.join(map(str, positions))} changed: the outputs of tokens 0 to {first - 1} must not move")
+    label = (
+        f"a random sequence ({shape} tokens) with token{'s' if len(positions) > 1 else ''} "
+        f"{', '.join(map(str, positions))} changed: the outputs of tokens 0 to {first - 1} must not move"
+    )
     return FutureChangeCase(label, (q, k, v, *changed), first=first)
 
 
@@ -158,19 +212,35 @@ def causal_attention_cases(ref):
     g = _generator(2003)
     X, V = torch.tensor(EXAMPLE_X), torch.tensor(EXAMPLE_V)
     yield Case("the worked example (3 tokens)", (X, X, V))
-    yield Case("6 tokens, d=8, d_v=3",
-               (torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, 3, generator=g)))
+    yield Case(
+        "6 tokens, d=8, d_v=3",
+        (torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, 3, generator=g)),
+    )
     yield Case("a batch of heads (2, 3, 5, 16)", tuple(torch.randn(2, 3, 5, 16, generator=g) for _ in range(3)))
-    yield Case("float64, 7 tokens, d=4, d_v=5",
-               (torch.randn(7, 4, generator=g, dtype=torch.float64), torch.randn(7, 4, generator=g, dtype=torch.float64),
-                torch.randn(7, 5, generator=g, dtype=torch.float64)))
-    yield Case("2 new queries against 6 keys (a KV cache), d=8, d_v=4",
-               (torch.randn(2, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)))
-    yield Case("1 new query against 5 keys, batch of 2 (one generation step)",
-               (torch.randn(2, 1, 8, generator=g), torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)))
-    yield Case("heads (2, 2): 3 new queries against 7 keys",
-               (torch.randn(2, 2, 3, 8, generator=g), torch.randn(2, 2, 7, 8, generator=g),
-                torch.randn(2, 2, 7, 8, generator=g)))
+    yield Case(
+        "float64, 7 tokens, d=4, d_v=5",
+        (
+            torch.randn(7, 4, generator=g, dtype=torch.float64),
+            torch.randn(7, 4, generator=g, dtype=torch.float64),
+            torch.randn(7, 5, generator=g, dtype=torch.float64),
+        ),
+    )
+    yield Case(
+        "2 new queries against 6 keys (a KV cache), d=8, d_v=4",
+        (torch.randn(2, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)),
+    )
+    yield Case(
+        "1 new query against 5 keys, batch of 2 (one generation step)",
+        (torch.randn(2, 1, 8, generator=g), torch.randn(2, 5, 8, generator=g), torch.randn(2, 5, 8, generator=g)),
+    )
+    yield Case(
+        "heads (2, 2): 3 new queries against 7 keys",
+        (
+            torch.randn(2, 2, 3, 8, generator=g),
+            torch.randn(2, 2, 7, 8, generator=g),
+            torch.randn(2, 2, 7, 8, generator=g),
+        ),
+    )
     yield _future_change_case(g, (), _randint(3, 10, g), 4, 3)
     yield _future_change_case(g, (2,), _randint(3, 10, g), 8, 8)
     yield _future_change_case(g, (2, 2), _randint(3, 10, g), 8, 4, dtype=torch.float64)
@@ -179,41 +249,66 @@ def causal_attention_cases(ref):
 def _attention_mutant(build_mask, after_softmax=None):
     """A mistaken causal_attention: attention with ``build_mask(ref, T, S)``, or,
     with ``after_softmax``, the unmasked weights with the mask applied afterwards."""
+
     def mutant(ref):
         def causal_attention(q, k, v):
             T, S = q.shape[-2], k.shape[-2]
             if after_softmax is None:
                 return ref.attention(q, k, v, build_mask(ref, T, S))
             return after_softmax(ref.attention_weights(q, k), ref.causal_mask(T, S)) @ v
+
         return causal_attention
+
     return mutant
 
 
-MASK_AFTER_HINT = ("The mask must act on the scores, before the softmax (attention(q, k, v, mask) does it): "
-                   "zeroing weights afterwards leaves rows that do not sum to 1 and that still depend on the "
-                   "future through the softmax's denominator.")
+MASK_AFTER_HINT = (
+    "The mask must act on the scores, before the softmax (attention(q, k, v, mask) does it): "
+    "zeroing weights afterwards leaves rows that do not sum to 1 and that still depend on the "
+    "future through the softmax's denominator."
+)
 
 CAUSAL_ATTENTION_MISTAKES = [
-    Mistake("mask-after-softmax", "the mask is applied to the weights after the softmax", MASK_AFTER_HINT,
-            _attention_mutant(None, lambda weights, mask: weights.masked_fill(~mask, 0.0))),
-    Mistake("mask-after-softmax", "the mask is applied to the weights after the softmax", MASK_AFTER_HINT,
-            _attention_mutant(None, lambda weights, mask: weights.masked_fill(~mask, float("-inf")))),
-    Mistake("mask-polarity", "the mask's polarity is inverted (the future is visible, the past hidden)",
-            "causal_mask is True where attention is allowed: pass it to attention as it is, not `~mask`.",
-            _attention_mutant(lambda ref, T, S: ~ref.causal_mask(T, S))),
-    Mistake("mask-missing", "no mask: every token sees the future",
-            "Pass causal_mask(T, S) as the mask, with T = q.shape[-2] queries and S = k.shape[-2] keys.",
-            _attention_mutant(lambda ref, T, S: None)),
-    Mistake("top-left-aligned", "with more keys than queries the mask is aligned top-left instead of bottom-right",
-            "The T queries are the last T of the S positions: use causal_mask(T, S), which shifts the "
-            "triangle by S - T, rather than a plain lower triangle of shape (T, S).",
-            _attention_mutant(lambda ref, T, S: torch.ones(T, S, dtype=torch.bool).tril())),
+    Mistake(
+        "mask-after-softmax",
+        "the mask is applied to the weights after the softmax",
+        MASK_AFTER_HINT,
+        _attention_mutant(None, lambda weights, mask: weights.masked_fill(~mask, 0.0)),
+    ),
+    Mistake(
+        "mask-after-softmax",
+        "the mask is applied to the weights after the softmax",
+        MASK_AFTER_HINT,
+        _attention_mutant(None, lambda weights, mask: weights.masked_fill(~mask, float("-inf"))),
+    ),
+    Mistake(
+        "mask-polarity",
+        "the mask's polarity is inverted (the future is visible, the past hidden)",
+        "causal_mask is True where attention is allowed: pass it to attention as it is, not `~mask`.",
+        _attention_mutant(lambda ref, T, S: ~ref.causal_mask(T, S)),
+    ),
+    Mistake(
+        "mask-missing",
+        "no mask: every token sees the future",
+        "Pass causal_mask(T, S) as the mask, with T = q.shape[-2] queries and S = k.shape[-2] keys.",
+        _attention_mutant(lambda ref, T, S: None),
+    ),
+    Mistake(
+        "top-left-aligned",
+        "with more keys than queries the mask is aligned top-left instead of bottom-right",
+        "The T queries are the last T of the S positions: use causal_mask(T, S), which shifts the "
+        "triangle by S - T, rather than a plain lower triangle of shape (T, S).",
+        _attention_mutant(lambda ref, T, S: torch.ones(T, S, dtype=torch.bool).tril()),
+    ),
 ]
 
 
 EXERCISES = {
     "causal_mask": Exercise("causal_mask", causal_mask_cases, mistakes=CAUSAL_MASK_MISTAKES),
-    "causal_attention": Exercise("causal_attention", causal_attention_cases,
-                                 depends_on=("causal_mask", "softmax", "attention_weights", "attention"),
-                                 mistakes=CAUSAL_ATTENTION_MISTAKES),
+    "causal_attention": Exercise(
+        "causal_attention",
+        causal_attention_cases,
+        depends_on=("causal_mask", "softmax", "attention_weights", "attention"),
+        mistakes=CAUSAL_ATTENTION_MISTAKES,
+    ),
 }

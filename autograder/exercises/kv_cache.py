@@ -30,6 +30,7 @@ reason (in the sandbox, that class arrives with the dependencies).
 Every mutant differs from the reference and from the other mutants of its
 exercise on these cases (tests/test_kv_cache_reference.py checks it).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ def _reference():
 
 
 # ---------------------------------------------------------------- KVCache
+
 
 @dataclass
 class CacheScript(Case):
@@ -83,25 +85,35 @@ def _prompt_then_tokens(g, n_layers, B, G, Dh, prompt, new_tokens, chunk=0):
     steps = [("length",)]
     for T in [prompt] + [1] * new_tokens + ([chunk] if chunk else []):
         for layer in range(n_layers):
-            steps.append(("update", layer, torch.randn(B, G, T, Dh, generator=g), torch.randn(B, G, T, Dh, generator=g)))
+            steps.append(
+                ("update", layer, torch.randn(B, G, T, Dh, generator=g), torch.randn(B, G, T, Dh, generator=g))
+            )
         steps.append(("length",))
     return tuple(steps)
 
 
 def kv_cache_cases(ref):
     g = _generator(801)
-    yield CacheScript("2 layers, a prompt of 5 positions then 3 single tokens (B=2, G=2, Dh=4)",
-                      steps=_prompt_then_tokens(g, 2, 2, 2, 4, 5, 3))
-    yield CacheScript("3 layers, a prompt of 4, 2 single tokens, then a chunk of 3 (B=3, G=4, Dh=2)",
-                      steps=_prompt_then_tokens(g, 3, 3, 4, 2, 4, 2, chunk=3))
-    yield CacheScript("1 layer (multi-query, G=1), a one-token prompt then 4 single tokens (B=1, Dh=8)",
-                      steps=_prompt_then_tokens(g, 1, 1, 1, 8, 1, 4))
-    yield CacheScript("4 layers, a prompt of 2 then 1 token (B=2, G=1, Dh=4)",
-                      steps=_prompt_then_tokens(g, 4, 2, 1, 4, 2, 1))
+    yield CacheScript(
+        "2 layers, a prompt of 5 positions then 3 single tokens (B=2, G=2, Dh=4)",
+        steps=_prompt_then_tokens(g, 2, 2, 2, 4, 5, 3),
+    )
+    yield CacheScript(
+        "3 layers, a prompt of 4, 2 single tokens, then a chunk of 3 (B=3, G=4, Dh=2)",
+        steps=_prompt_then_tokens(g, 3, 3, 4, 2, 4, 2, chunk=3),
+    )
+    yield CacheScript(
+        "1 layer (multi-query, G=1), a one-token prompt then 4 single tokens (B=1, Dh=8)",
+        steps=_prompt_then_tokens(g, 1, 1, 1, 8, 1, 4),
+    )
+    yield CacheScript(
+        "4 layers, a prompt of 2 then 1 token (B=2, G=1, Dh=4)", steps=_prompt_then_tokens(g, 4, 2, 1, 4, 2, 1)
+    )
 
 
 def _cache_with(concat, length_of, returns_new=False):
     """A KVCache built from two parts: how a layer's old and new tensors are joined, and what length says."""
+
     def mutant(ref):
         class KVCache:
             def __init__(self):
@@ -118,7 +130,9 @@ def _cache_with(concat, length_of, returns_new=False):
             @property
             def length(self):
                 return length_of(self)
+
         return KVCache
+
     return mutant
 
 
@@ -132,29 +146,45 @@ def _tokens_per_update(cache):
 
 
 KV_CACHE_MISTAKES = [
-    Mistake("cache-replaces", "update replaces the layer's keys and values instead of appending to them",
-            "The new keys go after the cached ones: torch.cat([old_k, k], dim=2), store that, and return it; "
-            "a step's query must see every earlier position, not only the new ones.",
-            _cache_with(lambda old, new: new, _positions)),
-    Mistake("update-returns-new-only", "update stores the full keys and values but returns only the new ones",
-            "Return what the layer now holds, old and new positions: the caller attends to every position "
-            "through the (k, v) that update returns.",
-            _cache_with(lambda old, new: torch.cat([old, new], dim=2), _positions, returns_new=True)),
-    Mistake("cache-new-first", "update puts the new positions before the cached ones",
-            "Keep the sequence in order, oldest first: torch.cat([old_k, k], dim=2), not [k, old_k].",
-            _cache_with(lambda old, new: torch.cat([new, old], dim=2), _positions)),
-    Mistake("length-counts-every-update", "length grows in every layer's update, so it counts positions × layers",
-            "A model calls update once per layer for the same tokens: length is the number of positions one "
-            "layer holds (e.g. the keys of layer 0: .shape[2]), not the sum over updates.",
-            _cache_with(lambda old, new: torch.cat([old, new], dim=2), _tokens_per_update)),
-    Mistake("length-counts-layers", "length counts the layers in the cache, not the positions",
-            "len(self.keys) is how many layers are stored; length must be the number of positions (axis 2 of "
-            "a layer's keys), 0 when the cache is empty.",
-            _cache_with(lambda old, new: torch.cat([old, new], dim=2), lambda cache: len(cache.keys))),
+    Mistake(
+        "cache-replaces",
+        "update replaces the layer's keys and values instead of appending to them",
+        "The new keys go after the cached ones: torch.cat([old_k, k], dim=2), store that, and return it; "
+        "a step's query must see every earlier position, not only the new ones.",
+        _cache_with(lambda old, new: new, _positions),
+    ),
+    Mistake(
+        "update-returns-new-only",
+        "update stores the full keys and values but returns only the new ones",
+        "Return what the layer now holds, old and new positions: the caller attends to every position "
+        "through the (k, v) that update returns.",
+        _cache_with(lambda old, new: torch.cat([old, new], dim=2), _positions, returns_new=True),
+    ),
+    Mistake(
+        "cache-new-first",
+        "update puts the new positions before the cached ones",
+        "Keep the sequence in order, oldest first: torch.cat([old_k, k], dim=2), not [k, old_k].",
+        _cache_with(lambda old, new: torch.cat([new, old], dim=2), _positions),
+    ),
+    Mistake(
+        "length-counts-every-update",
+        "length grows in every layer's update, so it counts positions × layers",
+        "A model calls update once per layer for the same tokens: length is the number of positions one "
+        "layer holds (e.g. the keys of layer 0: .shape[2]), not the sum over updates.",
+        _cache_with(lambda old, new: torch.cat([old, new], dim=2), _tokens_per_update),
+    ),
+    Mistake(
+        "length-counts-layers",
+        "length counts the layers in the cache, not the positions",
+        "len(self.keys) is how many layers are stored; length must be the number of positions (axis 2 of "
+        "a layer's keys), 0 when the cache is empty.",
+        _cache_with(lambda old, new: torch.cat([old, new], dim=2), lambda cache: len(cache.keys)),
+    ),
 ]
 
 
 # ---------------------------------------------------------------- attend_with_cache
+
 
 def _randomised(module, seed: int):
     """Reference weights drawn like ModuleCase's: matrices N(0, 1/fan_in)."""
@@ -199,19 +229,34 @@ def _attend_steps(g, n_layers, B, D, prompt, singles, chunk=0):
 def attend_with_cache_cases(ref):
     g = _generator(802)
     gqa = [_randomised(ref.GroupedQueryAttention(32, 8, 2), 10 + i) for i in range(2)]
-    yield AttendScript("2 grouped-query layers (H=8, G=2, D=32): a prompt of 5, 3 single tokens, then a chunk "
-                       "of 3 (B=2)", (gqa, _attend_steps(g, 2, 2, 32, 5, 3, chunk=3)))
+    yield AttendScript(
+        "2 grouped-query layers (H=8, G=2, D=32): a prompt of 5, 3 single tokens, then a chunk of 3 (B=2)",
+        (gqa, _attend_steps(g, 2, 2, 32, 5, 3, chunk=3)),
+    )
     mqa = [_randomised(ref.GroupedQueryAttention(48, 4, 1, rope_base=500.0), 20)]
-    yield AttendScript("1 multi-query layer (H=4, G=1, D=48, rope_base=500): a prompt of 3, then 4 single "
-                       "tokens (B=3)", (mqa, _attend_steps(g, 1, 3, 48, 3, 4)))
+    yield AttendScript(
+        "1 multi-query layer (H=4, G=1, D=48, rope_base=500): a prompt of 3, then 4 single tokens (B=3)",
+        (mqa, _attend_steps(g, 1, 3, 48, 3, 4)),
+    )
     mha = [_randomised(ref.GroupedQueryAttention(16, 2, 2), 30)]
-    yield AttendScript("1 multi-head layer (H=G=2, D=16): a one-token prompt, 2 single tokens, then a chunk of 4 "
-                       "(B=1)", (mha, _attend_steps(g, 1, 1, 16, 1, 2, chunk=4)))
+    yield AttendScript(
+        "1 multi-head layer (H=G=2, D=16): a one-token prompt, 2 single tokens, then a chunk of 4 (B=1)",
+        (mha, _attend_steps(g, 1, 1, 16, 1, 2, chunk=4)),
+    )
 
 
-def _attend_with(rope_positions=None, mask=None, store="rotated", read_again=None, repeat_first=False,
-                 updates=1, rotate_values=False, bypass=False):
+def _attend_with(
+    rope_positions=None,
+    mask=None,
+    store="rotated",
+    read_again=None,
+    repeat_first=False,
+    updates=1,
+    rotate_values=False,
+    bypass=False,
+):
     """An attend_with_cache built from its parts, as the mistaken code would do it."""
+
     def mutant(ref):
         def attend_with_cache(attn, x, positions, cache, layer):
             B, T_new, _ = x.shape
@@ -240,44 +285,74 @@ def _attend_with(rope_positions=None, mask=None, store="rotated", read_again=Non
             allowed = mask(T_new, S) if mask else ref.causal_mask(T_new, S)
             out = ref.attention(q, ref.repeat_kv(k, n_rep), ref.repeat_kv(v, n_rep), allowed)
             return attn.o_proj(out.transpose(1, 2).reshape(B, T_new, -1))
+
         return attend_with_cache
+
     return mutant
 
 
 ATTEND_MISTAKES = [
-    Mistake("positions-ignored", "the new tokens are rotated at positions 0, 1, ... instead of their true positions",
-            "In a decode step the new token sits at position cache.length, not 0: rotate q and k with the "
-            "`positions` argument, apply_rope(q, positions, attn.rope_base).",
-            _attend_with(rope_positions=lambda positions, T: torch.arange(T))),
-    Mistake("mask-top-left", "the causal mask is aligned top-left instead of bottom-right",
-            "With T_new queries and S keys the queries are the LAST T_new positions: causal_mask(T_new, S) "
-            "(tril with diagonal S - T_new). A top-left triangle (torch.ones(T, S).tril(), or sdpa's "
-            "is_causal=True) lets a decoded token see only the first key.",
-            _attend_with(mask=lambda T, S: torch.ones(T, S, dtype=torch.bool).tril())),
-    Mistake("cache-holds-repeated-heads", "the cache stores the keys and values after repeat_kv (H heads, not G)",
-            "Call cache.update with the G key/value heads and repeat them only for the attention: caching the "
-            "repeated heads makes a grouped-query model's cache H/G times larger, which is what GQA saves.",
-            _attend_with(repeat_first=True)),
-    Mistake("rope-after-cache", "the keys are cached unrotated and rotated again at every step",
-            "Rotate k at its positions before cache.update: a key's rotation never changes, so it is done once; "
-            "the cache holds rotated keys (and re-rotating all S keys at every step redoes the work the cache "
-            "is there to save).",
-            _attend_with(store="raw", read_again=True)),
-    Mistake("rope-twice", "the cached keys are rotated a second time after cache.update",
-            "Keys are rotated once, before they are cached; the (k, v) that update returns are ready to use.",
-            _attend_with(read_again=True)),
-    Mistake("cache-bypassed", "the new tokens attend only to themselves: the cache is neither filled nor read",
-            "Pass the new k and v through k, v = cache.update(layer, k, v) and attend to what it returns: "
-            "every position so far.", _attend_with(bypass=True)),
-    Mistake("cache-updated-twice", "cache.update is called twice, so every new key and value is stored twice",
-            "Call update once per layer and step, and use the (k, v) it returns.", _attend_with(updates=2)),
-    Mistake("values-rotated", "RoPE is applied to the values too",
-            "Rotary embeddings rotate queries and keys only (their dot product is what depends on the distance); "
-            "the values are cached and mixed unrotated.", _attend_with(rotate_values=True)),
+    Mistake(
+        "positions-ignored",
+        "the new tokens are rotated at positions 0, 1, ... instead of their true positions",
+        "In a decode step the new token sits at position cache.length, not 0: rotate q and k with the "
+        "`positions` argument, apply_rope(q, positions, attn.rope_base).",
+        _attend_with(rope_positions=lambda positions, T: torch.arange(T)),
+    ),
+    Mistake(
+        "mask-top-left",
+        "the causal mask is aligned top-left instead of bottom-right",
+        "With T_new queries and S keys the queries are the LAST T_new positions: causal_mask(T_new, S) "
+        "(tril with diagonal S - T_new). A top-left triangle (torch.ones(T, S).tril(), or sdpa's "
+        "is_causal=True) lets a decoded token see only the first key.",
+        _attend_with(mask=lambda T, S: torch.ones(T, S, dtype=torch.bool).tril()),
+    ),
+    Mistake(
+        "cache-holds-repeated-heads",
+        "the cache stores the keys and values after repeat_kv (H heads, not G)",
+        "Call cache.update with the G key/value heads and repeat them only for the attention: caching the "
+        "repeated heads makes a grouped-query model's cache H/G times larger, which is what GQA saves.",
+        _attend_with(repeat_first=True),
+    ),
+    Mistake(
+        "rope-after-cache",
+        "the keys are cached unrotated and rotated again at every step",
+        "Rotate k at its positions before cache.update: a key's rotation never changes, so it is done once; "
+        "the cache holds rotated keys (and re-rotating all S keys at every step redoes the work the cache "
+        "is there to save).",
+        _attend_with(store="raw", read_again=True),
+    ),
+    Mistake(
+        "rope-twice",
+        "the cached keys are rotated a second time after cache.update",
+        "Keys are rotated once, before they are cached; the (k, v) that update returns are ready to use.",
+        _attend_with(read_again=True),
+    ),
+    Mistake(
+        "cache-bypassed",
+        "the new tokens attend only to themselves: the cache is neither filled nor read",
+        "Pass the new k and v through k, v = cache.update(layer, k, v) and attend to what it returns: "
+        "every position so far.",
+        _attend_with(bypass=True),
+    ),
+    Mistake(
+        "cache-updated-twice",
+        "cache.update is called twice, so every new key and value is stored twice",
+        "Call update once per layer and step, and use the (k, v) it returns.",
+        _attend_with(updates=2),
+    ),
+    Mistake(
+        "values-rotated",
+        "RoPE is applied to the values too",
+        "Rotary embeddings rotate queries and keys only (their dot product is what depends on the distance); "
+        "the values are cached and mixed unrotated.",
+        _attend_with(rotate_values=True),
+    ),
 ]
 
 
 # ---------------------------------------------------------------- forward_cached
+
 
 def _model(ref, seed, **sizes):
     config = ref.ModelConfig(**sizes)
@@ -298,7 +373,7 @@ class ForwardScript(Case):
 def _chunks(tokens, sizes):
     out, start = [], 0
     for size in sizes:
-        out.append(tokens[:, start:start + size])
+        out.append(tokens[:, start : start + size])
         start += size
     return out
 
@@ -307,13 +382,27 @@ def forward_cached_cases(ref):
     g = _generator(803)
     small = _model(ref, 1, vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64)
     tokens = torch.randint(0, 40, (2, 10), generator=g)
-    yield ForwardScript("a 2-layer model (V=40, D=32, 4 heads, 2 kv heads): a prompt of 5, 3 single tokens, "
-                        "then a chunk of 2 (B=2)", (small, _chunks(tokens, [5, 1, 1, 1, 2])))
-    mqa = _model(ref, 2, vocab_size=29, d_model=48, n_layers=3, n_heads=4, n_kv_heads=1, d_hidden=80,
-                 norm_eps=1e-5, rope_base=500.0)
+    yield ForwardScript(
+        "a 2-layer model (V=40, D=32, 4 heads, 2 kv heads): a prompt of 5, 3 single tokens, then a chunk of 2 (B=2)",
+        (small, _chunks(tokens, [5, 1, 1, 1, 2])),
+    )
+    mqa = _model(
+        ref,
+        2,
+        vocab_size=29,
+        d_model=48,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=1,
+        d_hidden=80,
+        norm_eps=1e-5,
+        rope_base=500.0,
+    )
     tokens = torch.randint(0, 29, (1, 7), generator=g)
-    yield ForwardScript("a 3-layer multi-query model (V=29, D=48, rope_base=500): a one-token prompt, then 6 "
-                        "single tokens (B=1)", (mqa, _chunks(tokens, [1] * 7)))
+    yield ForwardScript(
+        "a 3-layer multi-query model (V=29, D=48, rope_base=500): a one-token prompt, then 6 single tokens (B=1)",
+        (mqa, _chunks(tokens, [1] * 7)),
+    )
     tokens = torch.randint(0, 40, (3, 6), generator=g)
     yield ForwardScript("the 2-layer model: a prompt of 6 on an empty cache (B=3)", (small, [tokens]))
 
@@ -330,38 +419,62 @@ def _forward_with(positions_at=None, per_layer=False, layer_index=None, mlp=True
                 if per_layer:
                     positions = torch.arange(cache.length, cache.length + T_new)
                 h = block.attn_norm(x) if norms else x
-                x = x + ref.attend_with_cache(block.attn, h, positions, cache, i if layer_index is None else layer_index)
+                x = x + ref.attend_with_cache(
+                    block.attn, h, positions, cache, i if layer_index is None else layer_index
+                )
                 if mlp:
                     x = x + block.mlp(block.mlp_norm(x) if norms else x)
             return model.lm_head(model.norm(x))
+
         return forward_cached
+
     return mutant
 
 
 FORWARD_MISTAKES = [
-    Mistake("positions-from-zero", "the new tokens' positions start at 0 in every call",
-            "A decoded token continues the sequence: positions = torch.arange(cache.length, cache.length + T_new), "
-            "read before the first layer.", _forward_with(positions_at="zero")),
-    Mistake("positions-read-per-layer", "the positions are read from cache.length inside the layer loop",
-            "The first layer's update already makes the cache longer, so later layers get positions shifted by "
-            "T_new: compute positions once, before the loop.", _forward_with(per_layer=True)),
-    Mistake("same-layer-index", "every block uses layer 0 of the cache",
-            "Each block has its own keys and values: pass the block's index (enumerate(model.layers)) to "
-            "attend_with_cache.", _forward_with(layer_index=0)),
-    Mistake("mlp-missing", "the blocks' MLP half is left out",
-            "A TransformerBlock is attention then MLP, each with its residual: after the attention add "
-            "x = x + block.mlp(block.mlp_norm(x)).", _forward_with(mlp=False)),
-    Mistake("block-norms-missing", "the blocks' RMSNorms are not applied before attention and the MLP",
-            "Pre-norm: attend_with_cache(block.attn, block.attn_norm(x), ...) and block.mlp(block.mlp_norm(x)); "
-            "the residual adds to the unnormalised x.", _forward_with(norms=False)),
+    Mistake(
+        "positions-from-zero",
+        "the new tokens' positions start at 0 in every call",
+        "A decoded token continues the sequence: positions = torch.arange(cache.length, cache.length + T_new), "
+        "read before the first layer.",
+        _forward_with(positions_at="zero"),
+    ),
+    Mistake(
+        "positions-read-per-layer",
+        "the positions are read from cache.length inside the layer loop",
+        "The first layer's update already makes the cache longer, so later layers get positions shifted by "
+        "T_new: compute positions once, before the loop.",
+        _forward_with(per_layer=True),
+    ),
+    Mistake(
+        "same-layer-index",
+        "every block uses layer 0 of the cache",
+        "Each block has its own keys and values: pass the block's index (enumerate(model.layers)) to "
+        "attend_with_cache.",
+        _forward_with(layer_index=0),
+    ),
+    Mistake(
+        "mlp-missing",
+        "the blocks' MLP half is left out",
+        "A TransformerBlock is attention then MLP, each with its residual: after the attention add "
+        "x = x + block.mlp(block.mlp_norm(x)).",
+        _forward_with(mlp=False),
+    ),
+    Mistake(
+        "block-norms-missing",
+        "the blocks' RMSNorms are not applied before attention and the MLP",
+        "Pre-norm: attend_with_cache(block.attn, block.attn_norm(x), ...) and block.mlp(block.mlp_norm(x)); "
+        "the residual adds to the unnormalised x.",
+        _forward_with(norms=False),
+    ),
 ]
 
 
 # ---------------------------------------------------------------- generate_cached
 
+
 def _greedy_model(ref):
-    return _model(ref, 5, vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64,
-                  max_seq_len=16)
+    return _model(ref, 5, vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64, max_seq_len=16)
 
 
 @dataclass
@@ -378,12 +491,15 @@ class SamplingCase(Case):
         expected = (prompt.shape[0], prompt.shape[1] + steps)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"it returned {shape} for a prompt of shape {tuple(prompt.shape)} and "
-                             f"max_new_tokens={steps}; expected {expected}, the prompt followed by the new tokens")
+            raise ValueError(
+                f"it returned {shape} for a prompt of shape {tuple(prompt.shape)} and "
+                f"max_new_tokens={steps}; expected {expected}, the prompt followed by the new tokens"
+            )
         vocab = model.config.vocab_size
-        new = out[:, prompt.shape[1]:].long()
-        return torch.stack([torch.bincount(new[:, j], minlength=vocab)[:vocab].double() / new.shape[0]
-                            for j in range(steps)])
+        new = out[:, prompt.shape[1] :].long()
+        return torch.stack(
+            [torch.bincount(new[:, j], minlength=vocab)[:vocab].double() / new.shape[0] for j in range(steps)]
+        )
 
 
 @dataclass
@@ -399,8 +515,7 @@ class LimitCase(Case):
 
 
 def _sampling_model(ref):
-    model = _model(ref, 6, vocab_size=6, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_hidden=32,
-                   max_seq_len=8)
+    model = _model(ref, 6, vocab_size=6, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_hidden=32, max_seq_len=8)
     with torch.no_grad():
         model.lm_head.weight.mul_(4.0)  # clear gaps between the likeliest tokens, so top-k and temperature show
     return model
@@ -409,24 +524,45 @@ def _sampling_model(ref):
 def generate_cached_cases(ref):
     g = _generator(804)
     model = _greedy_model(ref)
-    yield Case("greedy (temperature=0) on a 2-layer model: prompt (2, 5), 6 new tokens",
-               (model, torch.randint(0, 31, (2, 5), generator=g), 6), {"temperature": 0})
-    yield Case("greedy: a one-token prompt (1, 1), 9 new tokens",
-               (model, torch.randint(0, 31, (1, 1), generator=g), 9), {"temperature": 0.0})
-    yield Case("greedy with top_k=3 (top-k changes nothing at temperature 0): prompt (3, 4), 5 new tokens",
-               (model, torch.randint(0, 31, (3, 4), generator=g), 5), {"temperature": 0, "top_k": 3})
-    yield Case("greedy up to exactly max_seq_len=16 tokens: prompt (2, 6), 10 new tokens",
-               (model, torch.randint(0, 31, (2, 6), generator=g), 10), {"temperature": 0})
+    yield Case(
+        "greedy (temperature=0) on a 2-layer model: prompt (2, 5), 6 new tokens",
+        (model, torch.randint(0, 31, (2, 5), generator=g), 6),
+        {"temperature": 0},
+    )
+    yield Case(
+        "greedy: a one-token prompt (1, 1), 9 new tokens",
+        (model, torch.randint(0, 31, (1, 1), generator=g), 9),
+        {"temperature": 0.0},
+    )
+    yield Case(
+        "greedy with top_k=3 (top-k changes nothing at temperature 0): prompt (3, 4), 5 new tokens",
+        (model, torch.randint(0, 31, (3, 4), generator=g), 5),
+        {"temperature": 0, "top_k": 3},
+    )
+    yield Case(
+        "greedy up to exactly max_seq_len=16 tokens: prompt (2, 6), 10 new tokens",
+        (model, torch.randint(0, 31, (2, 6), generator=g), 10),
+        {"temperature": 0},
+    )
     yield Case("max_new_tokens=0 returns the prompt", (model, torch.randint(0, 31, (2, 3), generator=g), 0))
-    yield LimitCase("a prompt of 6 and 11 new tokens: 17 > max_seq_len=16 (must raise ValueError)",
-                    (model, torch.randint(0, 31, (1, 6), generator=g), 11), {"temperature": 0})
-    yield LimitCase("a prompt of 20 tokens, longer than max_seq_len=16 by itself (must raise ValueError)",
-                    (model, torch.randint(0, 31, (1, 20), generator=g), 1))
+    yield LimitCase(
+        "a prompt of 6 and 11 new tokens: 17 > max_seq_len=16 (must raise ValueError)",
+        (model, torch.randint(0, 31, (1, 6), generator=g), 11),
+        {"temperature": 0},
+    )
+    yield LimitCase(
+        "a prompt of 20 tokens, longer than max_seq_len=16 by itself (must raise ValueError)",
+        (model, torch.randint(0, 31, (1, 20), generator=g), 1),
+    )
     sampler = _sampling_model(ref)
     prompt = torch.randint(0, 6, (1, 3), generator=g).repeat(6000, 1)
     yield SamplingCase("6000 samples of 3 tokens at temperature 1 (shares of each token)", (sampler, prompt, 3), seed=1)
-    yield SamplingCase("6000 samples of 2 tokens at temperature 0.6 with top_k=3", (sampler, prompt, 2),
-                       {"temperature": 0.6, "top_k": 3}, seed=2)
+    yield SamplingCase(
+        "6000 samples of 2 tokens at temperature 0.6 with top_k=3",
+        (sampler, prompt, 2),
+        {"temperature": 0.6, "top_k": 3},
+        seed=2,
+    )
 
 
 def _pick(logits, temperature, top_k):
@@ -446,6 +582,7 @@ def _check_limit(model, tokens, max_new_tokens):
 
 def _generate_with(feed="new", checks_limit=True):
     """A generate_cached that differs from the reference in what it feeds each step, or in the limit check."""
+
     def mutant(ref):
         @torch.no_grad()
         def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
@@ -453,7 +590,7 @@ def _generate_with(feed="new", checks_limit=True):
                 _check_limit(model, tokens, max_new_tokens)
             cache = ref.KVCache()
             logits = ref.forward_cached(model, tokens, cache)[:, -1, :]
-            for step in range(max_new_tokens):
+            for _ in range(max_new_tokens):
                 if feed == "last-again":  # the prefill's logits thrown away, the last token fed once more
                     logits = ref.forward_cached(model, tokens[:, -1:], cache)[:, -1, :]
                 next_token = _pick(logits, temperature, top_k)
@@ -465,7 +602,9 @@ def _generate_with(feed="new", checks_limit=True):
                 elif feed == "fresh-cache":
                     logits = ref.forward_cached(model, next_token, ref.KVCache())[:, -1, :]
             return tokens
+
         return generate_cached
+
     return mutant
 
 
@@ -498,42 +637,79 @@ def _reads_new_tokens_only(learner) -> str | None:
         return None  # diagnose() reports it with the case it happens on
     finally:
         counter.handle.remove()
-    right = isinstance(out, torch.Tensor) and out.shape == (2, 12) and torch.equal(
-        out.long(), ref.generate(model, prompt, 8, temperature=0))
+    right = (
+        isinstance(out, torch.Tensor)
+        and out.shape == (2, 12)
+        and torch.equal(out.long(), ref.generate(model, prompt, 8, temperature=0))
+    )
     if right and counter.positions > 4 + 8:
-        return (f"`generate_cached` gives the right tokens but embedded {counter.positions} token positions to "
-                "write 8 tokens after a prompt of 4; with a cache the prompt is read once and then one new token "
-                "per step, at most 12. It recomputes the sequence (model(tokens), generate, or forward_cached "
-                "on the whole sequence with a new cache): feed forward_cached the prompt once, then only each new "
-                "token, with the same cache. [mistake:recomputes-sequence]")
+        return (
+            f"`generate_cached` gives the right tokens but embedded {counter.positions} token positions to "
+            "write 8 tokens after a prompt of 4; with a cache the prompt is read once and then one new token "
+            "per step, at most 12. It recomputes the sequence (model(tokens), generate, or forward_cached "
+            "on the whole sequence with a new cache): feed forward_cached the prompt once, then only each new "
+            "token, with the same cache. [mistake:recomputes-sequence]"
+        )
     return None
 
 
 GENERATE_MISTAKES = [
-    Mistake("whole-sequence-every-step", "the whole sequence is fed to forward_cached at every step",
-            "The cache already holds every earlier position: after the prefill feed only the new token, "
-            "forward_cached(model, next_token, cache); feeding the sequence again appends it to the cache a "
-            "second time, at later positions.", _generate_with(feed="whole")),
-    Mistake("fresh-cache-every-step", "a new KVCache is made at every step, so the model sees only the newest token",
-            "Make the cache once, before the prefill, and pass the same cache to every forward_cached call.",
-            _generate_with(feed="fresh-cache")),
-    Mistake("last-prompt-token-twice", "the prefill's logits are thrown away and the last token is fed again",
-            "The prefill's last position already predicts the first new token: pick from those logits, then feed "
-            "each new token once. Feeding the prompt's last token again caches it twice, at two positions.",
-            _generate_with(feed="last-again")),
-    Mistake("context-limit-not-checked", "a text longer than max_seq_len is generated instead of refused",
-            "Before any forward pass: if tokens.shape[1] + max_new_tokens > model.config.max_seq_len, raise a "
-            "ValueError that names the limit.", _generate_with(checks_limit=False)),
+    Mistake(
+        "whole-sequence-every-step",
+        "the whole sequence is fed to forward_cached at every step",
+        "The cache already holds every earlier position: after the prefill feed only the new token, "
+        "forward_cached(model, next_token, cache); feeding the sequence again appends it to the cache a "
+        "second time, at later positions.",
+        _generate_with(feed="whole"),
+    ),
+    Mistake(
+        "fresh-cache-every-step",
+        "a new KVCache is made at every step, so the model sees only the newest token",
+        "Make the cache once, before the prefill, and pass the same cache to every forward_cached call.",
+        _generate_with(feed="fresh-cache"),
+    ),
+    Mistake(
+        "last-prompt-token-twice",
+        "the prefill's logits are thrown away and the last token is fed again",
+        "The prefill's last position already predicts the first new token: pick from those logits, then feed "
+        "each new token once. Feeding the prompt's last token again caches it twice, at two positions.",
+        _generate_with(feed="last-again"),
+    ),
+    Mistake(
+        "context-limit-not-checked",
+        "a text longer than max_seq_len is generated instead of refused",
+        "Before any forward pass: if tokens.shape[1] + max_new_tokens > model.config.max_seq_len, raise a "
+        "ValueError that names the limit.",
+        _generate_with(checks_limit=False),
+    ),
 ]
 
 
 EXERCISES = {
     "KVCache": Exercise("KVCache", kv_cache_cases, atol=0.0, rtol=0.0, mistakes=KV_CACHE_MISTAKES),
-    "attend_with_cache": Exercise("attend_with_cache", attend_with_cache_cases, atol=1e-5, rtol=1e-5,
-                                  depends_on=("KVCache",), mistakes=ATTEND_MISTAKES),
-    "forward_cached": Exercise("forward_cached", forward_cached_cases, atol=1e-4, rtol=1e-4,
-                               depends_on=("KVCache", "attend_with_cache"), mistakes=FORWARD_MISTAKES),
-    "generate_cached": Exercise("generate_cached", generate_cached_cases, atol=0.04, rtol=0.0,
-                                depends_on=("KVCache", "attend_with_cache", "forward_cached"),
-                                mistakes=GENERATE_MISTAKES, properties=(_reads_new_tokens_only,)),
+    "attend_with_cache": Exercise(
+        "attend_with_cache",
+        attend_with_cache_cases,
+        atol=1e-5,
+        rtol=1e-5,
+        depends_on=("KVCache",),
+        mistakes=ATTEND_MISTAKES,
+    ),
+    "forward_cached": Exercise(
+        "forward_cached",
+        forward_cached_cases,
+        atol=1e-4,
+        rtol=1e-4,
+        depends_on=("KVCache", "attend_with_cache"),
+        mistakes=FORWARD_MISTAKES,
+    ),
+    "generate_cached": Exercise(
+        "generate_cached",
+        generate_cached_cases,
+        atol=0.04,
+        rtol=0.0,
+        depends_on=("KVCache", "attend_with_cache", "forward_cached"),
+        mistakes=GENERATE_MISTAKES,
+        properties=(_reads_new_tokens_only,),
+    ),
 }

@@ -21,6 +21,7 @@ still fails (and is not simply unimplemented), the class's methods are
 judged by their syntax tree instead: no loop statement or comprehension
 outside ``__init__``. Either way a mistake elsewhere costs only its own check.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
 from ..checks import Case, Exercise, Mistake, ModuleCase
 
@@ -69,13 +69,14 @@ def _named(exercise: str, mistake: Mistake) -> str:
 
 # ---------------------------------------------------------------- split_heads
 
+
 def split_heads_cases(ref):
     g = _generator(301)
-    yield Case("the worked example's shape: (1, 3, 8) into 2 heads of 4",
-               (torch.arange(24.0).view(1, 3, 8), 2))
+    yield Case("the worked example's shape: (1, 3, 8) into 2 heads of 4", (torch.arange(24.0).view(1, 3, 8), 2))
     yield Case("a (2, 5, 12) batch into 3 heads", (torch.randn(2, 5, 12, generator=g), 3))
-    yield Case("a (2, 4, 16) batch in float64 into 4 heads",
-               (torch.randn(2, 4, 16, generator=g, dtype=torch.float64), 4))
+    yield Case(
+        "a (2, 4, 16) batch in float64 into 4 heads", (torch.randn(2, 4, 16, generator=g, dtype=torch.float64), 4)
+    )
     yield Case("one token: (3, 1, 8) into 2 heads", (torch.randn(3, 1, 8, generator=g), 2))
     yield Case("(2, 3, 8) into 8 heads of size 1", (torch.randn(2, 3, 8, generator=g), 8))
     yield Case("(2, 6, 8) into a single head", (torch.randn(2, 6, 8, generator=g), 1))
@@ -86,6 +87,7 @@ def _split_without_transpose(ref):
     def split_heads(x, n_heads):
         B, T, D = x.shape
         return x.reshape(B, n_heads, T, D // n_heads)
+
     return split_heads
 
 
@@ -93,6 +95,7 @@ def _split_strided(ref):
     def split_heads(x, n_heads):
         B, T, D = x.shape
         return x.reshape(B, T, D // n_heads, n_heads).permute(0, 3, 1, 2)
+
     return split_heads
 
 
@@ -100,30 +103,43 @@ def _split_transpose_missing(ref):
     def split_heads(x, n_heads):
         B, T, D = x.shape
         return x.reshape(B, T, n_heads, D // n_heads)
+
     return split_heads
 
 
 SPLIT_HEADS_MISTAKES = [
-    Mistake("split-no-transpose", "reshaped straight to (B, H, T, D/H), without the transpose",
-            "Reshaping (B, T, D) directly to (B, H, T, D/H) cuts the flat row of numbers in the wrong "
-            "places: head 0 then holds all of token 0's features and half of token 1's. View as "
-            "(B, T, H, D/H) first, so each token's D features are cut into H pieces, then swap the "
-            "token and head axes with .transpose(1, 2).", _split_without_transpose),
-    Mistake("split-heads-strided", "each head gets every H-th feature instead of D/H neighbouring ones",
-            "Head h takes features h·D/H to (h+1)·D/H − 1 (with D = 8 and 2 heads: 0–3 for head 0, "
-            "4–7 for head 1). View as (B, T, H, D/H), not (B, T, D/H, H).", _split_strided),
-    Mistake("split-transpose-missing", "returns (B, T, H, D/H): the transpose is missing",
-            "After the view to (B, T, H, D/H), swap the token and head axes with .transpose(1, 2), "
-            "so that attention sees one (T, D/H) matrix per head.", _split_transpose_missing),
+    Mistake(
+        "split-no-transpose",
+        "reshaped straight to (B, H, T, D/H), without the transpose",
+        "Reshaping (B, T, D) directly to (B, H, T, D/H) cuts the flat row of numbers in the wrong "
+        "places: head 0 then holds all of token 0's features and half of token 1's. View as "
+        "(B, T, H, D/H) first, so each token's D features are cut into H pieces, then swap the "
+        "token and head axes with .transpose(1, 2).",
+        _split_without_transpose,
+    ),
+    Mistake(
+        "split-heads-strided",
+        "each head gets every H-th feature instead of D/H neighbouring ones",
+        "Head h takes features h·D/H to (h+1)·D/H − 1 (with D = 8 and 2 heads: 0–3 for head 0, "
+        "4–7 for head 1). View as (B, T, H, D/H), not (B, T, D/H, H).",
+        _split_strided,
+    ),
+    Mistake(
+        "split-transpose-missing",
+        "returns (B, T, H, D/H): the transpose is missing",
+        "After the view to (B, T, H, D/H), swap the token and head axes with .transpose(1, 2), "
+        "so that attention sees one (T, D/H) matrix per head.",
+        _split_transpose_missing,
+    ),
 ]
 
 
 # ---------------------------------------------------------------- merge_heads
 
+
 def merge_heads_cases(ref):
     g = _generator(302)
-    yield Case("the worked example's shape: 2 heads, 3 tokens, head size 4",
-               (torch.arange(24.0).view(1, 2, 3, 4),))
+    yield Case("the worked example's shape: 2 heads, 3 tokens, head size 4", (torch.arange(24.0).view(1, 2, 3, 4),))
     yield Case("a (2, 3, 5, 4) batch", (torch.randn(2, 3, 5, 4, generator=g),))
     yield Case("a (2, 4, 3, 2) batch in float64", (torch.randn(2, 4, 3, 2, generator=g, dtype=torch.float64),))
     yield Case("a single head (2, 1, 5, 8)", (torch.randn(2, 1, 5, 8, generator=g),))
@@ -135,6 +151,7 @@ def _merge_without_transpose(ref):
     def merge_heads(x):
         B, H, T, Dh = x.shape
         return x.reshape(B, T, H * Dh)
+
     return merge_heads
 
 
@@ -142,6 +159,7 @@ def _merge_interleaved(ref):
     def merge_heads(x):
         B, H, T, Dh = x.shape
         return x.permute(0, 2, 3, 1).reshape(B, T, H * Dh)
+
     return merge_heads
 
 
@@ -149,24 +167,34 @@ def _merge_with_view(ref):
     def merge_heads(x):  # raises for most shapes, as the mistaken code does
         B, H, T, Dh = x.shape
         return x.transpose(1, 2).view(B, T, H * Dh)
+
     return merge_heads
 
 
 MERGE_NO_TRANSPOSE = Mistake(
-    "merge-no-transpose", "reshaped (B, H, T, Dh) straight to (B, T, H·Dh), without the transpose",
+    "merge-no-transpose",
+    "reshaped (B, H, T, Dh) straight to (B, T, H·Dh), without the transpose",
     "In (B, H, T, Dh) one token's numbers are spread over the H heads. Swap the axes back with "
-    ".transpose(1, 2) to (B, T, H, Dh) first, then reshape to (B, T, H·Dh).", _merge_without_transpose)
+    ".transpose(1, 2) to (B, T, H, Dh) first, then reshape to (B, T, H·Dh).",
+    _merge_without_transpose,
+)
 MERGE_VIEW = Mistake(
-    "merge-view-not-contiguous", "`.view` after `.transpose` fails (the tensor is not contiguous)",
+    "merge-view-not-contiguous",
+    "`.view` after `.transpose` fails (the tensor is not contiguous)",
     "A transposed tensor's numbers are no longer in row order in memory, so .view cannot merge its "
     "axes. Use .reshape(B, T, H * Dh), which copies when it must, or call .contiguous() before .view.",
-    _merge_with_view)
+    _merge_with_view,
+)
 
 MERGE_HEADS_MISTAKES = [
     MERGE_NO_TRANSPOSE,
-    Mistake("merge-wrong-order", "the heads' outputs are interleaved instead of side by side",
-            "Token t's output must read [head 0's Dh numbers, head 1's Dh numbers, ...]: transpose to "
-            "(B, T, H, Dh), with the head axis before Dh, then reshape.", _merge_interleaved),
+    Mistake(
+        "merge-wrong-order",
+        "the heads' outputs are interleaved instead of side by side",
+        "Token t's output must read [head 0's Dh numbers, head 1's Dh numbers, ...]: transpose to "
+        "(B, T, H, Dh), with the head axis before Dh, then reshape.",
+        _merge_interleaved,
+    ),
     MERGE_VIEW,
 ]
 
@@ -182,6 +210,7 @@ def _merge_view_property(merge_heads):
 
 
 # ---------------------------------------------------------------- MultiHeadAttention
+
 
 @dataclass
 class Float64ModuleCase(ModuleCase):
@@ -209,17 +238,29 @@ def multi_head_attention_cases(ref):
     yield case("a single head: D = 8, 1 head, 2 × 4 tokens", 8, 1, 2, 4, seed=6)
     yield case("D = 8, 8 heads of size 1, 6 tokens", 8, 8, 1, 6, seed=7)
     yield case("one token: D = 16, 2 heads", 16, 2, 2, 1, seed=8)
-    yield case("float64: D = 16, 2 heads, 2 × 6 tokens, a (6, 6) mask", 16, 2, 2, 6, _random_mask(6, g), seed=9,
-               kind=Float64ModuleCase, dtype=torch.float64)
+    yield case(
+        "float64: D = 16, 2 heads, 2 × 6 tokens, a (6, 6) mask",
+        16,
+        2,
+        2,
+        6,
+        _random_mask(6, g),
+        seed=9,
+        kind=Float64ModuleCase,
+        dtype=torch.float64,
+    )
 
 
 def _module_mutant(forward):
     """A reference MultiHeadAttention whose forward is the mistaken ``forward(self, x, mask, ref)``."""
+
     def mutant(ref):
         class Mistaken(ref.MultiHeadAttention):
             def forward(self, x, mask=None):
                 return forward(self, x, mask, ref)
+
         return Mistaken
+
     return mutant
 
 
@@ -267,32 +308,55 @@ def _forward_merge_with_view(self, x, mask, ref):
 
 
 MHA_VIEW = Mistake(
-    "merge-view-not-contiguous", "`.view` after `.transpose` fails (the tensor is not contiguous)",
-    MERGE_VIEW.hint + " Or call your merge_heads.", _module_mutant(_forward_merge_with_view))
+    "merge-view-not-contiguous",
+    "`.view` after `.transpose` fails (the tensor is not contiguous)",
+    MERGE_VIEW.hint + " Or call your merge_heads.",
+    _module_mutant(_forward_merge_with_view),
+)
 
 MULTI_HEAD_ATTENTION_MISTAKES = [
-    Mistake("scaled-by-sqrt-d-model",
-            "the scores are divided by √D (the model width) instead of √(D/H) (the head size)",
-            "Each head is an attention of size D/H: attention(q, k, v, mask) on the split (B, H, T, D/H) "
-            "tensors already divides by √(D/H) = √(q.shape[-1]). Add no extra factor, and if you compute "
-            "the scores yourself, take d from the split tensors.",
-            _module_mutant(_forward_scaled_by_model_width)),
-    Mistake("no-output-projection", "the output projection W_O is missing",
-            "After merging the heads, mix them with the output projection: "
-            "return self.o_proj(merge_heads(...)).", _module_mutant(_forward_without_output_projection)),
-    Mistake("split-no-transpose", "the projections are reshaped to (B, H, T, D/H) without the transpose",
-            "Reshaping straight to (B, H, T, D/H) hands each head the wrong numbers; use your split_heads "
-            "(a view to (B, T, H, D/H), then .transpose(1, 2)).", _module_mutant(_forward_split_without_transpose)),
-    Mistake("merge-no-transpose", "the heads are merged without the transpose",
-            "attention returns (B, H, T, D/H): transpose to (B, T, H, D/H) before reshaping to (B, T, D), "
-            "or use your merge_heads.", _module_mutant(_forward_merge_without_transpose)),
-    Mistake("mask-polarity", "the mask's polarity is inverted",
-            "Here True means \"may attend\" (as in F.scaled_dot_product_attention); "
-            "torch.nn.MultiheadAttention's attn_mask uses the opposite, True = blocked. "
-            "Pass the mask on to attention unchanged.", _module_mutant(_forward_mask_inverted)),
-    Mistake("mask-not-passed", "the mask is not passed on to attention",
-            "Call attention(q, k, v, mask): the (T, T) mask broadcasts over the batch and head axes.",
-            _module_mutant(_forward_mask_dropped)),
+    Mistake(
+        "scaled-by-sqrt-d-model",
+        "the scores are divided by √D (the model width) instead of √(D/H) (the head size)",
+        "Each head is an attention of size D/H: attention(q, k, v, mask) on the split (B, H, T, D/H) "
+        "tensors already divides by √(D/H) = √(q.shape[-1]). Add no extra factor, and if you compute "
+        "the scores yourself, take d from the split tensors.",
+        _module_mutant(_forward_scaled_by_model_width),
+    ),
+    Mistake(
+        "no-output-projection",
+        "the output projection W_O is missing",
+        "After merging the heads, mix them with the output projection: return self.o_proj(merge_heads(...)).",
+        _module_mutant(_forward_without_output_projection),
+    ),
+    Mistake(
+        "split-no-transpose",
+        "the projections are reshaped to (B, H, T, D/H) without the transpose",
+        "Reshaping straight to (B, H, T, D/H) hands each head the wrong numbers; use your split_heads "
+        "(a view to (B, T, H, D/H), then .transpose(1, 2)).",
+        _module_mutant(_forward_split_without_transpose),
+    ),
+    Mistake(
+        "merge-no-transpose",
+        "the heads are merged without the transpose",
+        "attention returns (B, H, T, D/H): transpose to (B, T, H, D/H) before reshaping to (B, T, D), "
+        "or use your merge_heads.",
+        _module_mutant(_forward_merge_without_transpose),
+    ),
+    Mistake(
+        "mask-polarity",
+        "the mask's polarity is inverted",
+        'Here True means "may attend" (as in F.scaled_dot_product_attention); '
+        "torch.nn.MultiheadAttention's attn_mask uses the opposite, True = blocked. "
+        "Pass the mask on to attention unchanged.",
+        _module_mutant(_forward_mask_inverted),
+    ),
+    Mistake(
+        "mask-not-passed",
+        "the mask is not passed on to attention",
+        "Call attention(q, k, v, mask): the (T, T) mask broadcasts over the batch and head axes.",
+        _module_mutant(_forward_mask_dropped),
+    ),
     MHA_VIEW,
 ]
 
@@ -407,10 +471,12 @@ def _looping_forward(self, x, mask, ref):
 
 
 HEAD_LOOP = Mistake(
-    "head-loop", "a Python loop over the heads",
+    "head-loop",
+    "a Python loop over the heads",
     "Work on all heads at once: split_heads gives (B, H, T, D/H), and attention runs on every head "
     "in one call because it treats the leading axes (B, H) as batch axes. Loops elsewhere are fine.",
-    _module_mutant(_looping_forward))
+    _module_mutant(_looping_forward),
+)
 
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -438,7 +504,9 @@ def _static_loop_check(cls, error: Exception) -> str | None:
                 return f"`{name}` raised {raised}; this check needs a forward pass that runs."
             for node in ast.walk(tree):
                 if isinstance(node, _LOOPS):
-                    iterables = [node.iter] if hasattr(node, "iter") else [g.iter for g in getattr(node, "generators", [])]
+                    iterables = (
+                        [node.iter] if hasattr(node, "iter") else [g.iter for g in getattr(node, "generators", [])]
+                    )
                     text = " ".join(ast.unparse(i) for i in iterables).lower()
                     about_heads = "head" in text or text.startswith("range(")
                     line = source.splitlines()[node.lineno - 1].strip()
@@ -446,8 +514,10 @@ def _static_loop_check(cls, error: Exception) -> str | None:
     if not loops:
         return None
     _, _, where, line = min(loops)
-    return (f"`{name}`: {HEAD_LOOP.name}? Your forward pass raised {raised}, so its steps could not be "
-            f"counted, and `{where}` holds a loop: `{line}`. {HEAD_LOOP.hint} [mistake:{HEAD_LOOP.id}]")
+    return (
+        f"`{name}`: {HEAD_LOOP.name}? Your forward pass raised {raised}, so its steps could not be "
+        f"counted, and `{where}` holds a loop: `{line}`. {HEAD_LOOP.hint} [mistake:{HEAD_LOOP.id}]"
+    )
 
 
 def no_head_loop_property(cls):
@@ -456,8 +526,10 @@ def no_head_loop_property(cls):
     try:
         few, many = _steps_with_fallback(cls)
     except NotImplementedError:
-        return (f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code "
-                "(this check needs a forward pass that runs).")
+        return (
+            f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code "
+            "(this check needs a forward pass that runs)."
+        )
     except _TracerRemoved:
         return f"`{name}`: the forward pass switched off the step counter (sys.settrace), so it cannot be checked."
     except Exception as error:  # judged by the syntax tree instead
@@ -468,9 +540,11 @@ def no_head_loop_property(cls):
     classes = {klass.__name__ for klass in cls.__mro__ if klass.__module__.split(".")[0] != "torch"}
     where = _loop_line(few, many, classes)
     located = f"; this line ran more often: {where}" if where else ""
-    return (f"`{name}`: {HEAD_LOOP.name}. One forward pass takes {steps_few} Python steps with "
-            f"{PROBE_HEADS[0]} heads and {steps_many} with {PROBE_HEADS[1]}{located}. {HEAD_LOOP.hint} "
-            f"[mistake:{HEAD_LOOP.id}]")
+    return (
+        f"`{name}`: {HEAD_LOOP.name}. One forward pass takes {steps_few} Python steps with "
+        f"{PROBE_HEADS[0]} heads and {steps_many} with {PROBE_HEADS[1]}{located}. {HEAD_LOOP.hint} "
+        f"[mistake:{HEAD_LOOP.id}]"
+    )
 
 
 def _no_cases(ref):
@@ -481,14 +555,32 @@ EXERCISES = {
     "split_heads": Exercise("split_heads", split_heads_cases, atol=0.0, rtol=0.0, mistakes=SPLIT_HEADS_MISTAKES),
     # merge_heads calls nothing, but its visible checks take a round trip through
     # split_heads: the reference one, so that they judge merge_heads alone.
-    "merge_heads": Exercise("merge_heads", merge_heads_cases, atol=0.0, rtol=0.0, depends_on=("split_heads",),
-                            mistakes=MERGE_HEADS_MISTAKES, properties=(_merge_view_property,)),
+    "merge_heads": Exercise(
+        "merge_heads",
+        merge_heads_cases,
+        atol=0.0,
+        rtol=0.0,
+        depends_on=("split_heads",),
+        mistakes=MERGE_HEADS_MISTAKES,
+        properties=(_merge_view_property,),
+    ),
     "MultiHeadAttention": Exercise(
-        "MultiHeadAttention", multi_head_attention_cases, atol=1e-5, rtol=1e-5,
+        "MultiHeadAttention",
+        multi_head_attention_cases,
+        atol=1e-5,
+        rtol=1e-5,
         depends_on=("softmax", "attention_weights", "attention", "split_heads", "merge_heads"),
-        mistakes=MULTI_HEAD_ATTENTION_MISTAKES, properties=(_mha_view_property,)),
+        mistakes=MULTI_HEAD_ATTENTION_MISTAKES,
+        properties=(_mha_view_property,),
+    ),
     # Its own check cell and points: judges the forward pass as the learner wrote
     # it (with their split_heads and merge_heads), not its numbers.
-    "no_head_loop": Exercise("no_head_loop", _no_cases, target="MultiHeadAttention",
-                             mistakes=(HEAD_LOOP,), properties=(no_head_loop_property,), reference_uses=_GIVEN),
+    "no_head_loop": Exercise(
+        "no_head_loop",
+        _no_cases,
+        target="MultiHeadAttention",
+        mistakes=(HEAD_LOOP,),
+        properties=(no_head_loop_property,),
+        reference_uses=_GIVEN,
+    ),
 }

@@ -3,6 +3,7 @@
 One place for both, so the sanitizer, the executor, the verdicts and the
 spec read a cell the same way.
 """
+
 from __future__ import annotations
 
 from nbformat.v4 import new_output

@@ -7,6 +7,7 @@ around the failing one. ``HideHiddenTests`` runs in ``generate_feedback`` (see
 one comment line and reduces each error to its name and message, which the
 checks write for the learner.
 """
+
 from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Unicode
@@ -102,19 +103,37 @@ class FeedbackPages:
         if not from_gradebook:
             configured = list(config.GenerateFeedback.get("preprocessors", [GET_GRADES]))
             config.GenerateFeedback.preprocessors = [
-                GivenGrades if _names(entry, GET_GRADES) else entry for entry in configured]
+                GivenGrades if _names(entry, GET_GRADES) else entry for entry in configured
+            ]
         converter = GenerateFeedback(coursedir=CourseDirectory(config=config), config=config)
         self.exporter = converter.exporter_class(parent=converter, config=converter.config)
         for preprocessor in converter.preprocessors:
             self.exporter.register_preprocessor(preprocessor)
 
-    def render(self, notebook_json: str, student: str, assignment: str, notebook: str, db_url: str | None = None,
-               grades: dict | None = None, comments: dict | None = None) -> str:
+    def render(
+        self,
+        notebook_json: str,
+        student: str,
+        assignment: str,
+        notebook: str,
+        db_url: str | None = None,
+        grades: dict | None = None,
+        comments: dict | None = None,
+    ) -> str:
         import nbformat
 
-        resources = {"unique_key": notebook, "output_files_dir": f"{notebook}_files",
-                     "nbgrader": {"student": student, "assignment": assignment, "notebook": notebook,
-                                  "db_url": db_url, "grades": grades or {}, "comments": comments or {}}}
+        resources = {
+            "unique_key": notebook,
+            "output_files_dir": f"{notebook}_files",
+            "nbgrader": {
+                "student": student,
+                "assignment": assignment,
+                "notebook": notebook,
+                "db_url": db_url,
+                "grades": grades or {},
+                "comments": comments or {},
+            },
+        }
         html, _ = self.exporter.from_notebook_node(nbformat.reads(notebook_json, as_version=4), resources=resources)
         return html
 
@@ -123,4 +142,6 @@ def _names(entry, dotted: str) -> bool:
     if isinstance(entry, str):
         return entry == dotted
     return f"{getattr(entry, '__module__', '')}.{getattr(entry, '__name__', '')}" in (
-        dotted, "nbgrader.preprocessors.getgrades.GetGrades")
+        dotted,
+        "nbgrader.preprocessors.getgrades.GetGrades",
+    )

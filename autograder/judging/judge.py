@@ -14,6 +14,7 @@ It accepts a check only while the grade cell that holds it runs, the first
 time: student code cannot replay a check with other functions, in another
 cell, or after the fact.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,7 +26,6 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import checks, reference, verdict
-
 from ..verdict import mistake_of
 
 
@@ -34,7 +34,7 @@ class Verdict:
     assignment: str
     exercise: str
     message: str | None = None  # None: passed
-    finished: bool = False      # a result arrived (else the check did not finish)
+    finished: bool = False  # a result arrived (else the check did not finish)
     tampered: list = field(default_factory=list)
 
     @property
@@ -136,8 +136,11 @@ class Judge:
             for gid, defined in self.defines.items():
                 if name in defined and gid not in wanted:
                     wanted.add(gid)
-                    frontier |= {n for n in self.uses[gid] if n not in seen and
-                                 any(n in d for g, d in self.defines.items() if g != gid)}
+                    frontier |= {
+                        n
+                        for n in self.uses[gid]
+                        if n not in seen and any(n in d for g, d in self.defines.items() if g != gid)
+                    }
         return [gid for gid, _ in self.cells if gid in wanted]
 
     def shipment(self, name: str, checked: set[str], graded: set[str]) -> dict:
@@ -157,12 +160,16 @@ class Judge:
                 continue
             revealed = self.defines[gid] & (graded | own)
             if revealed & own:
-                return {"message": f"`{name}` cannot be checked in the sandbox: its cases carry its "
-                                   "own reference (a grader bug; please tell the instructor)."}
+                return {
+                    "message": f"`{name}` cannot be checked in the sandbox: its cases carry its "
+                    "own reference (a grader bug; please tell the instructor)."
+                }
             early = sorted(revealed - checked)
             if early:
-                return {"message": f"`{name}` is checked before `{early[0]}`, which it builds on: "
-                                   "keep the notebook's cells in their original order."}
+                return {
+                    "message": f"`{name}` is checked before `{early[0]}`, which it builds on: "
+                    "keep the notebook's cells in their original order."
+                }
         source = dict(self.cells)
         return {"cells": [(gid, source[gid]) for gid in cell_ids], "cases": cases}
 
@@ -179,8 +186,9 @@ class Judge:
     def expected(self, name: str) -> list:
         if name not in self._expected:
             exercise = self.exercises[name]
-            self._expected[name] = checks.reference_outputs(exercise, getattr(self.ref, exercise.target or name),
-                                                            self.cases(name))
+            self._expected[name] = checks.reference_outputs(
+                exercise, getattr(self.ref, exercise.target or name), self.cases(name)
+            )
         return self._expected[name]
 
     def _predict(self, name: str):
@@ -193,6 +201,7 @@ class Judge:
                 except Exception as error:
                     self._predicted[key] = (None, error)
             return self._predicted[key]
+
         return predict
 
     def verdict(self, name: str, problem, outputs, tampered) -> str | None:
@@ -206,14 +215,15 @@ class Judge:
         cases = self.cases(name)
         try:
             budget = [verdict.MAX_ITEMS]  # shared by all the outputs of one check
-            values = [verdict.decode(output, budget=budget) for output in outputs[:len(cases) + 1]]
+            values = [verdict.decode(output, budget=budget) for output in outputs[: len(cases) + 1]]
         except (verdict.ProtocolError, ValueError, TypeError) as error:
             return f"`{target}`: its outputs could not be checked ({error})."
         if len(values) != len(cases):
             return f"`{target}`: the check did not receive an output for every case."
         with self.lock:
-            return checks.finish(target, checks.judge(exercise, cases, values, self.expected(name), self.ref,
-                                                    self._predict(name)))
+            return checks.finish(
+                target, checks.judge(exercise, cases, values, self.expected(name), self.ref, self._predict(name))
+            )
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -292,15 +302,24 @@ class VerdictServer:
         assignment, name = str(request.get("assignment")), str(request.get("name"))
         cell = self.cell
         if cell is None or (assignment, name) not in self.expected.get(cell, []):
-            return "", None, ("This check does not belong to the cell running now, so it does not count "
-                              "(hidden checks count only in their own graded cell).")
+            return (
+                "",
+                None,
+                (
+                    "This check does not belong to the cell running now, so it does not count "
+                    "(hidden checks count only in their own graded cell)."
+                ),
+            )
         return cell, next((v for v in self.verdicts[cell] if v.exercise == name), None), None
 
     def answer(self, request: dict) -> dict:
         op = request.get("op")
         assignment, name = str(request.get("assignment")), str(request.get("name"))
-        tampered = [str(t)[:200] for t in request.get("tampered", [])][:50] if isinstance(
-            request.get("tampered"), list) else []
+        tampered = (
+            [str(t)[:200] for t in request.get("tampered", [])][:50]
+            if isinstance(request.get("tampered"), list)
+            else []
+        )
         with self.lock:
             cell, record, refusal = self._slot(request)
             if refusal:
@@ -331,8 +350,9 @@ class VerdictServer:
             if record is None or record.finished:
                 return {"message": "This check already ran in this cell; it counts once."}
             outputs = request.get("outputs", [])
-            message = judge.verdict(name, request.get("problem"), outputs if isinstance(outputs, list) else [],
-                                    tampered)
+            message = judge.verdict(
+                name, request.get("problem"), outputs if isinstance(outputs, list) else [], tampered
+            )
             with self.lock:
                 record.finished, record.message = True, message
                 record.tampered = record.tampered or tampered

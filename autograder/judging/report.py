@@ -10,6 +10,7 @@ faults, the misconception behind each failed check.
   rate per exercise, the most common misconceptions with their counts, the
   submissions flagged for review and those that could not be graded.
 """
+
 from __future__ import annotations
 
 import base64
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .flags import FAULT_PREFIX, for_review, is_fault
-
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Row:
 
 
 def exercise_name(cell: str) -> str:
-    return cell[len("test_"):] if cell.startswith("test_") else cell
+    return cell[len("test_") :] if cell.startswith("test_") else cell
 
 
 def gradebook_rows(course, summaries: dict) -> list[Row]:
@@ -54,10 +54,19 @@ def gradebook_rows(course, summaries: dict) -> list[Row]:
                     summary = summaries.get((submission.student.id, assignment.name, notebook.name), {})
                     mistakes = {c["cell"]: c.get("mistake") for c in summary.get("checks", []) if not c.get("passed")}
                     for grade in sorted(notebook.grades, key=lambda g: g.name):
-                        rows.append(Row(submission.student.id, assignment.name, notebook.name,
-                                        exercise_name(grade.name), grade.name,
-                                        float(grade.score or 0.0), float(grade.max_score),
-                                        list(summary.get("flags", [])), mistakes.get(grade.name)))
+                        rows.append(
+                            Row(
+                                submission.student.id,
+                                assignment.name,
+                                notebook.name,
+                                exercise_name(grade.name),
+                                grade.name,
+                                float(grade.score or 0.0),
+                                float(grade.max_score),
+                                list(summary.get("flags", [])),
+                                mistakes.get(grade.name),
+                            )
+                        )
     return rows
 
 
@@ -68,8 +77,17 @@ def export_csv(course, ledger, path: Path) -> list[Row]:
     out = csv.writer(buffer)
     out.writerow(["student", "assignment", "exercise", "points", "max_points", "flags", "mistake"])
     for row in rows:
-        out.writerow([row.student, row.assignment, row.exercise, f"{row.points:g}", f"{row.max_points:g}",
-                      ";".join(row.flags), row.mistake or ""])
+        out.writerow(
+            [
+                row.student,
+                row.assignment,
+                row.exercise,
+                f"{row.points:g}",
+                f"{row.max_points:g}",
+                ";".join(row.flags),
+                row.mistake or "",
+            ]
+        )
     from .writer import write_atomically
 
     write_atomically(path, buffer.getvalue())
@@ -77,6 +95,7 @@ def export_csv(course, ledger, path: Path) -> list[Row]:
 
 
 # ---------------------------------------------------------------- report
+
 
 def _png(figure) -> str:
     buffer = io.BytesIO()
@@ -114,9 +133,11 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
     by_assignment: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_assignment[row.assignment].append(row)
-    parts = [f"<h1>Class report: {html.escape(course.coursedir.course_id or 'course')}</h1>",
-             f"<p>Generated {time.strftime('%Y-%m-%d %H:%M')} from the gradebook "
-             f"<code>{html.escape(str(course.db_url).split('@')[-1])}</code>.</p>"]
+    parts = [
+        f"<h1>Class report: {html.escape(course.coursedir.course_id or 'course')}</h1>",
+        f"<p>Generated {time.strftime('%Y-%m-%d %H:%M')} from the gradebook "
+        f"<code>{html.escape(str(course.db_url).split('@')[-1])}</code>.</p>",
+    ]
     for assignment, assignment_rows in sorted(by_assignment.items()):
         totals: dict[str, float] = defaultdict(float)
         maximum = defaultdict(float)
@@ -127,8 +148,12 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         scores = list(totals.values())
         parts.append(f"<h2>{html.escape(assignment)}</h2>")
         parts.append("<h3>Score distribution and pass rate per exercise</h3>")
-        parts.append(f"<p>{len(scores)} submissions; mean {statistics.fmean(scores):.2f} / {top:g}, "
-                     f"median {statistics.median(scores):.2f}.</p>" if scores else "<p>No submissions.</p>")
+        parts.append(
+            f"<p>{len(scores)} submissions; mean {statistics.fmean(scores):.2f} / {top:g}, "
+            f"median {statistics.median(scores):.2f}.</p>"
+            if scores
+            else "<p>No submissions.</p>"
+        )
         figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)
         left.hist(scores, bins=min(20, max(5, int(top) + 1)), range=(0, max(top, 1)), color="#4c72b0")
         left.set_title("score distribution")
@@ -155,19 +180,29 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         axis.barh([f"{m} ({e})" for (m, _, e), _ in common][::-1], [n for _, n in common][::-1], color="#c44e52")
         axis.set_xlabel("submissions")
         parts.append(_png(figure))
-        parts.append(_table(["count", "misconception", "id", "assignment", "exercise"],
-                            [(n, names.get(m, m), m, a, e) for (m, a, e), n in common]))
+        parts.append(
+            _table(
+                ["count", "misconception", "id", "assignment", "exercise"],
+                [(n, names.get(m, m), m, a, e) for (m, a, e), n in common],
+            )
+        )
     else:
         parts.append("<p>None recorded.</p>")
     flagged, faults, rejected = [], [], []
-    for (student, assignment, notebook), summary in sorted(summaries.items()):
+    for (student, assignment, _notebook), summary in sorted(summaries.items()):
         review = for_review(summary.get("flags", []))
         if review:
             flagged.append((student, assignment, ", ".join(review), "; ".join(summary.get("messages", []))[:600]))
         fault = [f for f in summary.get("flags", []) if is_fault(f)]
         if fault:
-            faults.append((student, assignment, ", ".join(fault), "; ".join(
-                m for m in summary.get("messages", []) if m.startswith("cell "))[:600]))
+            faults.append(
+                (
+                    student,
+                    assignment,
+                    ", ".join(fault),
+                    "; ".join(m for m in summary.get("messages", []) if m.startswith("cell "))[:600],
+                )
+            )
         if not summary.get("graded", True):
             rejected.append((student, assignment, "; ".join(summary.get("messages", []))[:600]))
     parts.append(f"<h2>Flagged for review ({len(flagged)})</h2>")
@@ -176,11 +211,15 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
     parts.append(_table(["student", "assignment", "why"], rejected) if rejected else "<p>None.</p>")
     parts.append(f"<h2>Cells that hung, crashed or printed too much ({len(faults)})</h2>")
     parts.append(_table(["student", "assignment", "what", "where"], faults) if faults else "<p>None.</p>")
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "text-align:left;vertical-align:top;font-size:90%}th{background:#f3f3f3}img{max-width:100%}")
-    document = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Class report</title>"
-                f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
+        "text-align:left;vertical-align:top;font-size:90%}th{background:#f3f3f3}img{max-width:100%}"
+    )
+    document = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Class report</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
+    )
     from .writer import write_atomically
 
     write_atomically(path, document)
@@ -188,13 +227,25 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
 
 # ---------------------------------------------------------------- summary
 
-def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, skipped: int, problems: list,
-            seconds: float, csv_path: Path, report_path: Path) -> str:
+
+def summary(
+    course,
+    rows: list[Row],
+    ledger_summaries: dict,
+    graded_now: list,
+    skipped: int,
+    problems: list,
+    seconds: float,
+    csv_path: Path,
+    report_path: Path,
+) -> str:
     lines = []
     rejected = sum(1 for r in graded_now if not r.graded)
-    lines.append(f"Graded {len(graded_now)} notebook(s) in {seconds:.1f} s"
-                 + (f" (their cells ran {sum(r.cell_seconds for r in graded_now):.1f} s in all)" if graded_now else "")
-                 + f"; {skipped} unchanged; {rejected} could not be graded.")
+    lines.append(
+        f"Graded {len(graded_now)} notebook(s) in {seconds:.1f} s"
+        + (f" (their cells ran {sum(r.cell_seconds for r in graded_now):.1f} s in all)" if graded_now else "")
+        + f"; {skipped} unchanged; {rejected} could not be graded."
+    )
     by_assignment: dict[str, list[Row]] = defaultdict(list)
     for row in rows:
         by_assignment[row.assignment].append(row)
@@ -205,12 +256,18 @@ def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, s
         for row in assignment_rows:
             totals[row.student] += row.points
             top[row.student] += row.max_points
-        flagged = sum(1 for (s, a, _), x in ledger_summaries.items() if a == assignment and
-                      for_review(x.get("flags", [])))
-        faulty = sum(1 for (s, a, _), x in ledger_summaries.items() if a == assignment and
-                     any(f.startswith(FAULT_PREFIX) for f in x.get("flags", [])))
-        lines.append(f"{assignment:<20}{len(totals):>9}{statistics.fmean(totals.values()):>8.2f}"
-                     f"{max(top.values()):>6g}{flagged:>9}{faulty:>8}")
+        flagged = sum(
+            1 for (s, a, _), x in ledger_summaries.items() if a == assignment and for_review(x.get("flags", []))
+        )
+        faulty = sum(
+            1
+            for (s, a, _), x in ledger_summaries.items()
+            if a == assignment and any(f.startswith(FAULT_PREFIX) for f in x.get("flags", []))
+        )
+        lines.append(
+            f"{assignment:<20}{len(totals):>9}{statistics.fmean(totals.values()):>8.2f}"
+            f"{max(top.values()):>6g}{flagged:>9}{faulty:>8}"
+        )
     mistakes = Counter(row.mistake for row in rows if row.mistake and row.mistake != "tampering")
     if mistakes:
         lines.append("Most common misconceptions: " + ", ".join(f"{m} ({n})" for m, n in mistakes.most_common(5)))
@@ -225,5 +282,7 @@ def summary(course, rows: list[Row], ledger_summaries: dict, graded_now: list, s
         lines.append(f"! ... and {len(problems) - 8} more")
     lines.append(f"Grades: {csv_path}")
     lines.append(f"Report: {report_path}")
-    lines.append(f"Feedback: {Path(course.coursedir.root) / course.coursedir.feedback_directory}/<student>/<assignment>/")
+    lines.append(
+        f"Feedback: {Path(course.coursedir.root) / course.coursedir.feedback_directory}/<student>/<assignment>/"
+    )
     return "\n".join(lines)

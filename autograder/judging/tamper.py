@@ -14,6 +14,7 @@ replaces functions of torch, numpy, the builtins or the grading helpers. The
 flags cost no points by themselves: tampering gains nothing because edited
 cells are restored, and the checks run and are judged outside the notebook.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,14 @@ import json
 from dataclasses import dataclass, field
 
 from nbgrader.api import MissingEntry
-from nbgrader.preprocessors import (CheckCellMetadata, ClearOutput, DeduplicateIds, NbGraderPreprocessor,
-                                    OverwriteCells, OverwriteKernelspec)
+from nbgrader.preprocessors import (
+    CheckCellMetadata,
+    ClearOutput,
+    DeduplicateIds,
+    NbGraderPreprocessor,
+    OverwriteCells,
+    OverwriteKernelspec,
+)
 from traitlets import Any
 
 from .cells import tracked_id
@@ -74,7 +81,7 @@ class GradebookView:
     notebook: NotebookRecord
 
     @classmethod
-    def read(cls, gradebook, assignment: str, notebook: str, order: list[str]) -> "GradebookView":
+    def read(cls, gradebook, assignment: str, notebook: str, order: list[str]) -> GradebookView:
         """From an open ``nbgrader.api.Gradebook``; cells in ``order`` (the release's)."""
         record = gradebook.find_notebook(notebook, assignment)
         points = {c.name: float(c.max_score) for c in [*record.grade_cells, *record.task_cells]}
@@ -82,10 +89,26 @@ class GradebookView:
         tasks = {c.name for c in record.task_cells}
         position = {name: i for i, name in enumerate(order)}
         cells = sorted(record.source_cells, key=lambda c: (position.get(c.name, len(position)), c.name))
-        return cls(assignment, NotebookRecord(notebook, record.kernelspec, [
-            CellRecord(c.name, c.cell_type, bool(c.locked), c.checksum, c.source, points.get(c.name),
-                       c.name in solutions, c.name in tasks)
-            for c in cells]))
+        return cls(
+            assignment,
+            NotebookRecord(
+                notebook,
+                record.kernelspec,
+                [
+                    CellRecord(
+                        c.name,
+                        c.cell_type,
+                        bool(c.locked),
+                        c.checksum,
+                        c.source,
+                        points.get(c.name),
+                        c.name in solutions,
+                        c.name in tasks,
+                    )
+                    for c in cells
+                ],
+            ),
+        )
 
     # the Gradebook methods nbgrader's sanitizing preprocessors call
     def find_notebook(self, notebook: str, assignment: str) -> NotebookRecord:
@@ -152,17 +175,21 @@ def sanitize(nb, view: GradebookView, resources: dict):
     for cell in nb.cells:
         if "nbgrader" in cell.metadata and not cell.metadata["nbgrader"]:
             del cell.metadata["nbgrader"]
-    for step in (ViewOverwriteKernelspec(view=view), ViewOverwriteCells(view=view, add_missing_cells=True),
-                 CheckCellMetadata()):
+    for step in (
+        ViewOverwriteKernelspec(view=view),
+        ViewOverwriteCells(view=view, add_missing_cells=True),
+        CheckCellMetadata(),
+    ):
         nb, resources = step.preprocess(nb, resources)
     return nb, resources
 
 
 # ---------------------------------------------------------------- tamper flags
 
+
 @dataclass
 class Inspection:
-    flags: list[str] = field(default_factory=list)    # short ids for the report
+    flags: list[str] = field(default_factory=list)  # short ids for the report
     details: list[str] = field(default_factory=list)  # what exactly, for the instructor
     # Code that changes the grading helpers themselves (the check, the wire, the
     # detector): every verdict the kernel sends may be forged, so no check counts.
@@ -195,8 +222,16 @@ def _dotted(node) -> str | None:
     return None
 
 
-_FUNCTION_INNARDS = {"__code__", "__globals__", "__defaults__", "__kwdefaults__", "__closure__", "__dict__",
-                     "__class__", "__bases__"}
+_FUNCTION_INNARDS = {
+    "__code__",
+    "__globals__",
+    "__defaults__",
+    "__kwdefaults__",
+    "__closure__",
+    "__dict__",
+    "__class__",
+    "__bases__",
+}
 # Findings that mean the grading helpers themselves may have been changed.
 _FORGING = ("autograder", "sys.modules", "a function's", "computed object")
 
@@ -219,7 +254,9 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                    aliases[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
             elif isinstance(node, ast.ImportFrom) and node.module:
                 for alias in node.names:
                     aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
@@ -240,16 +277,26 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
     found = []
     for tree in trees:
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
-                    "autograder" in node.value or "AUTOGRADER_" in node.value):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and ("autograder" in node.value or "AUTOGRADER_" in node.value)
+            ):
                 found.append("names the grading package autograder in a string (an indirect route to it)")
-            if isinstance(node, ast.Attribute) and node.attr in _FUNCTION_INNARDS and isinstance(
-                    node.ctx, (ast.Store, ast.Del)):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in _FUNCTION_INNARDS
+                and isinstance(node.ctx, (ast.Store, ast.Del))
+            ):
                 found.append(f"replaces a function's {node.attr}")
             if isinstance(node, ast.Attribute) and node.attr == "modules" and resolve(_dotted(node)) == "sys.modules":
                 found.append("reaches into sys.modules")
-            if isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "delattr") and node.args and (
-                    not isinstance(node.args[0], (ast.Name, ast.Attribute))):
+            if (
+                isinstance(node, ast.Call)
+                and _dotted(node.func) in ("setattr", "delattr")
+                and node.args
+                and (not isinstance(node.args[0], (ast.Name, ast.Attribute)))
+            ):
                 found.append(f"calls {_dotted(node.func)} on a computed object")
             targets = []
             if isinstance(node, ast.Assign):
@@ -265,7 +312,11 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
                         found.append(f"replaces {full}")
                 elif isinstance(target, ast.Subscript):
                     full = resolve(_dotted(target.value))
-                    if full in ("sys.modules", "builtins.__dict__") or (full or "").endswith(".__dict__") and watched(full):
+                    if (
+                        full in ("sys.modules", "builtins.__dict__")
+                        or (full or "").endswith(".__dict__")
+                        and watched(full)
+                    ):
                         found.append(f"replaces an entry of {full}")
             if isinstance(node, ast.Call):
                 name = _dotted(node.func)
@@ -309,7 +360,11 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
             if cell.source.strip() != released_source[gid].strip() or cell.cell_type != record.cell_type:
                 result.add("graded-cell-edited", f"edited the read-only cell {gid} (restored before grading)")
         meta = cell.get("metadata", {}).get("nbgrader", {})
-        if record.max_score is not None and meta.get("points") is not None and float(meta["points"]) != record.max_score:
+        if (
+            record.max_score is not None
+            and meta.get("points") is not None
+            and float(meta["points"]) != record.max_score
+        ):
             result.add("graded-cell-edited", f"changed the points of {gid} (restored before grading)")
     for gid, count in seen.items():
         if count > 1:
@@ -335,7 +390,8 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
                 if isinstance(node, ast.Import):
                     for alias in node.names:
                         aliases[alias.asname or alias.name.split(".")[0]] = (
-                            alias.name if alias.asname else alias.name.split(".")[0])
+                            alias.name if alias.asname else alias.name.split(".")[0]
+                        )
     for finding in suspicious_code(student_sources, aliases):
         result.add("suspicious-code", f"code that {finding}")
         if forges_helpers(finding):
@@ -349,7 +405,6 @@ def _parses(source: str) -> bool:
         return True
     except SyntaxError:
         return False
-
 
 
 # ---------------------------------------------------------------- the instructor's version of the rules
@@ -391,11 +446,17 @@ def restore_grading_metadata(nb, view: GradebookView) -> Inspection:
             claims = [k for k in (*_KINDS, "locked") if meta.get(k)]
             del metadata["nbgrader"]
             if claims or "points" in meta:
-                result.add(FORGED_METADATA, f"cell {index} claims to be a {'/'.join(claims) or 'points'} cell "
-                                            f"{str(gid)[:60]!r} the assignment does not have (ignored for scoring)")
+                result.add(
+                    FORGED_METADATA,
+                    f"cell {index} claims to be a {'/'.join(claims) or 'points'} cell "
+                    f"{str(gid)[:60]!r} the assignment does not have (ignored for scoring)",
+                )
             continue
-        kind = {"grade": record.max_score is not None and not record.task, "solution": record.solution,
-                "task": record.task}
+        kind = {
+            "grade": record.max_score is not None and not record.task,
+            "solution": record.solution,
+            "task": record.task,
+        }
         changed = [k for k, v in kind.items() if bool(meta.get(k)) != v]
         for key, value in kind.items():
             meta[key] = value
@@ -405,14 +466,19 @@ def restore_grading_metadata(nb, view: GradebookView) -> Inspection:
         if kind["grade"] or kind["task"]:
             points = meta.get("points")
             try:
-                sane = points is not None and not isinstance(points, bool) and math.isfinite(float(points)) \
+                sane = (
+                    points is not None
+                    and not isinstance(points, bool)
+                    and math.isfinite(float(points))
                     and float(points) >= 0
+                )
             except (TypeError, ValueError, OverflowError):
                 sane = False
             if not sane:
                 meta["points"] = record.max_score
-                result.add(FORGED_METADATA, f"gave {gid} impossible points {str(points)[:30]!r} "
-                                            "(restored before grading)")
+                result.add(
+                    FORGED_METADATA, f"gave {gid} impossible points {str(points)[:30]!r} (restored before grading)"
+                )
         elif "points" in meta:
             del meta["points"]
     return result

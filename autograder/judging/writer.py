@@ -27,6 +27,7 @@ notebook:
   submissions whose file and grading setup (``AssignmentSpec.fingerprint``)
   have not changed.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .flags import REVIEW_FLAGS
 from ..engine.job import Result
+from .flags import REVIEW_FLAGS
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -71,26 +72,47 @@ class Ledger:
         self.db.commit()
 
     def state(self) -> dict:
-        return {(s, a, n): (d, f) for s, a, n, d, f in
-                self.db.execute("SELECT student, assignment, notebook, digest, fingerprint FROM graded")}
+        return {
+            (s, a, n): (d, f)
+            for s, a, n, d, f in self.db.execute(
+                "SELECT student, assignment, notebook, digest, fingerprint FROM graded"
+            )
+        }
 
     def record(self, result: Result) -> None:
         summary = {
-            "graded": result.graded, "messages": result.messages, "flags": result.flags,
+            "graded": result.graded,
+            "messages": result.messages,
+            "flags": result.flags,
             "checks": [asdict(c) if not isinstance(c, dict) else c for c in result.checks],
-            "cell_seconds": result.cell_seconds, "cell_cpu_seconds": result.cell_cpu_seconds,
-            "seconds": result.seconds, "kernels": result.kernels,
-            "kernel_seconds": result.kernel_seconds, "faults": result.faults, "worker": result.worker,
+            "cell_seconds": result.cell_seconds,
+            "cell_cpu_seconds": result.cell_cpu_seconds,
+            "seconds": result.seconds,
+            "kernels": result.kernels,
+            "kernel_seconds": result.kernel_seconds,
+            "faults": result.faults,
+            "worker": result.worker,
             "started": result.started,
         }
         with self.db:
-            self.db.execute("INSERT OR REPLACE INTO graded VALUES (?, ?, ?, ?, ?, ?, ?)",
-                            (result.student, result.assignment, result.notebook, result.digest,
-                             result.fingerprint, json.dumps(summary), time.time()))
+            self.db.execute(
+                "INSERT OR REPLACE INTO graded VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    result.student,
+                    result.assignment,
+                    result.notebook,
+                    result.digest,
+                    result.fingerprint,
+                    json.dumps(summary),
+                    time.time(),
+                ),
+            )
 
     def summaries(self) -> dict:
-        return {(s, a, n): json.loads(summary) for s, a, n, summary in
-                self.db.execute("SELECT student, assignment, notebook, summary FROM graded")}
+        return {
+            (s, a, n): json.loads(summary)
+            for s, a, n, summary in self.db.execute("SELECT student, assignment, notebook, summary FROM graded")
+        }
 
     def close(self) -> None:
         self.db.close()
@@ -118,15 +140,17 @@ class Writer:
 
     def _path(self, folder: str, result: Result, extension: str) -> Path:
         return Path(self.coursedir.format_path(folder, result.student, result.assignment)) / (
-            result.notebook + extension)
+            result.notebook + extension
+        )
 
     def commit(self, result: Result) -> None:
         needs_page = self._grades(result)
         write_atomically(self._path(self.coursedir.autograded_directory, result, ".ipynb"), result.notebook_json)
         html = result.feedback_html
         if needs_page or not html:
-            html = self._gradebook_pages().render(result.notebook_json, result.student, result.assignment,
-                                                  result.notebook, db_url=self.db_url)
+            html = self._gradebook_pages().render(
+                result.notebook_json, result.student, result.assignment, result.notebook, db_url=self.db_url
+            )
         write_atomically(self._path(self.coursedir.feedback_directory, result, ".html"), html)
         self._exchange_files(result)
         self.ledger.record(result)
@@ -136,11 +160,14 @@ class Writer:
     EXCHANGE_FILES = ("timestamp.txt", "submission_secret.txt")
 
     def _exchange_files(self, result: Result) -> None:
-        submitted = Path(self.coursedir.format_path(self.coursedir.submitted_directory, result.student,
-                                                    result.assignment))
+        submitted = Path(
+            self.coursedir.format_path(self.coursedir.submitted_directory, result.student, result.assignment)
+        )
         for name in self.EXCHANGE_FILES:
-            copies = [self._path(folder, result, "").parent / name
-                      for folder in (self.coursedir.autograded_directory, self.coursedir.feedback_directory)]
+            copies = [
+                self._path(folder, result, "").parent / name
+                for folder in (self.coursedir.autograded_directory, self.coursedir.feedback_directory)
+            ]
             if (submitted / name).is_file():
                 text = (submitted / name).read_text(encoding="utf-8")
                 for copy in copies:
@@ -160,7 +187,8 @@ class Writer:
             self.students.add(result.student)
         # the time follows the files: a removed timestamp.txt clears the time an earlier run recorded
         submission = gradebook.update_or_create_submission(
-            result.assignment, result.student, timestamp=parse_utc(result.timestamp) if result.timestamp else None)
+            result.assignment, result.student, timestamp=parse_utc(result.timestamp) if result.timestamp else None
+        )
         notebook = gradebook.find_submission_notebook(result.notebook, result.assignment, result.student)
         grades = {grade.name: grade for grade in notebook.grades}
         comments = {comment.name: comment for comment in notebook.comments}
@@ -176,14 +204,17 @@ class Writer:
                 gradebook.db.flush()
                 gradebook.db.refresh(notebook)  # its score, from the grades just written
                 penalty = self.late.plugin_inst.late_submission_penalty(
-                    result.student, notebook.score, submission.total_seconds_late)
+                    result.student, notebook.score, submission.total_seconds_late
+                )
                 if penalty is not None:
                     notebook.late_submission_penalty = self.late._check_late_penalty(notebook, penalty)
             if any(flag in REVIEW_FLAGS for flag in result.flags):
                 notebook.flagged = True  # never cleared here: a human's flag stays
-            knows_more = bool(notebook.late_submission_penalty
-                              or any(g.manual_score is not None or g.extra_credit for g in grades.values())
-                              or any(c.manual_comment for c in comments.values()))
+            knows_more = bool(
+                notebook.late_submission_penalty
+                or any(g.manual_score is not None or g.extra_credit for g in grades.values())
+                or any(c.manual_comment for c in comments.values())
+            )
             gradebook.db.commit()
         except BaseException:
             gradebook.db.rollback()

@@ -24,6 +24,7 @@ Jupyter kernel to nbclient. ``probe()`` says why the sandbox cannot start here, 
 cannot; the grader then refuses to run unless told to grade unsandboxed, in
 which case the same zygote runs as a plain process (limits, but no isolation).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,15 +45,36 @@ PACKAGE = Path(__file__).resolve().parents[1]  # autograder/, code only
 SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
 # Imported once per worker, before any notebook: what every graded kernel needs.
 PRELOAD = [
-    "numpy", "torch", "torch.nn", "torch.nn.functional",
-    "IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.zmqshell",
+    "numpy",
+    "torch",
+    "torch.nn",
+    "torch.nn.functional",
+    "IPython",
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.zmqshell",
     # what starting a kernel app imports on its way (measured: 0.6 s when left to each kernel)
-    "ipykernel.debugger", "IPython.core.debugger", "IPython.core.completerlib", "IPython.core.oinspect",
-    "IPython.extensions.storemagic", "IPython.core.logger", "sqlite3", "faulthandler", "http.server", "xmlrpc.server",
-    "tornado.platform.asyncio", "tornado.queues", "encodings.idna",
-    "matplotlib", "matplotlib.pyplot", "matplotlib_inline.backend_inline",
-    "ipywidgets", "ipympl.backend_nbagg",
-    "autograder.trusted", "autograder.checks", "autograder.verdict",
+    "ipykernel.debugger",
+    "IPython.core.debugger",
+    "IPython.core.completerlib",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "IPython.core.logger",
+    "sqlite3",
+    "faulthandler",
+    "http.server",
+    "xmlrpc.server",
+    "tornado.platform.asyncio",
+    "tornado.queues",
+    "encodings.idna",
+    "matplotlib",
+    "matplotlib.pyplot",
+    "matplotlib_inline.backend_inline",
+    "ipywidgets",
+    "ipympl.backend_nbagg",
+    "autograder.trusted",
+    "autograder.checks",
+    "autograder.verdict",
 ]
 
 
@@ -60,15 +82,15 @@ PRELOAD = [
 class Limits:
     """What one notebook may use. Memory is beyond the warm interpreter's own."""
 
-    cell_seconds: float = 30.0       # wall clock per cell (nbgrader's Execute.timeout)
+    cell_seconds: float = 30.0  # wall clock per cell (nbgrader's Execute.timeout)
     notebook_seconds: float = 600.0  # wall clock for the whole notebook, replays included
-    memory_mb: int = 2048            # address space a kernel may add
-    cpu_seconds: int = 900           # CPU time of a kernel process
-    processes: int = 96              # processes and threads of the sandbox's user
-    file_mb: int = 64                # largest file a notebook may write
-    scratch_mb: int = 512            # private /tmp and working folder, each
-    output_mb: float = 2.0           # printed output kept per cell
-    restarts: int = 4                # fresh kernels per notebook after hangs and crashes
+    memory_mb: int = 2048  # address space a kernel may add
+    cpu_seconds: int = 900  # CPU time of a kernel process
+    processes: int = 96  # processes and threads of the sandbox's user
+    file_mb: int = 64  # largest file a notebook may write
+    scratch_mb: int = 512  # private /tmp and working folder, each
+    output_mb: float = 2.0  # printed output kept per cell
+    restarts: int = 4  # fresh kernels per notebook after hangs and crashes
 
 
 _claimed: dict[int, int] = {}
@@ -110,8 +132,12 @@ def _bwrap() -> str | None:
 
 def _python_roots() -> list[Path]:
     """Folders the interpreter and its packages live in (read-only in the sandbox)."""
-    roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
-             Path(os.path.realpath(sys.executable)).parent.parent}
+    roots = {
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(os.path.realpath(sys.executable)).parent.parent,
+    }
     for entry in sys.path:
         path = Path(entry or ".").resolve()
         if path.is_dir() and ("site-packages" in path.parts or "dist-packages" in path.parts):
@@ -135,12 +161,22 @@ def _etc_files() -> list[Path]:
     return [Path("/etc") / n for n in names if (Path("/etc") / n).exists()]
 
 
-def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits: Limits, command: list[str],
-                  as_root: bool) -> list[str]:
+def bwrap_command(
+    course_root: Path, run_dir: Path, notebooks_dir: Path, limits: Limits, command: list[str], as_root: bool
+) -> list[str]:
     """The bubblewrap command line around ``command``."""
-    args = [_bwrap() or "bwrap", "--die-with-parent", "--new-session",
-            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "grading"]
+    args = [
+        _bwrap() or "bwrap",
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        "grading",
+    ]
     if as_root:
         # No user namespace: the zygote drops to its own uid itself, which needs these two.
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -168,8 +204,10 @@ def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits:
         if assets.is_dir():
             binds.append(("--ro-bind", assets, assets))
     # Folders bwrap creates on its way to a mount point are root-only by default.
-    folders = sorted({parent for _, _, dest in binds for parent in dest.parents}
-                     | set(notebooks_dir.parents) | set(run_dir.parents), key=lambda p: len(p.parts))
+    folders = sorted(
+        {parent for _, _, dest in binds for parent in dest.parents} | set(notebooks_dir.parents) | set(run_dir.parents),
+        key=lambda p: len(p.parts),
+    )
     args += ["--proc", "/proc", "--dev", "/dev"]
     scratch = str(limits.scratch_mb * 1024 * 1024)
     args += ["--perms", "1777", "--size", scratch, "--tmpfs", "/tmp"]
@@ -183,20 +221,41 @@ def bwrap_command(course_root: Path, run_dir: Path, notebooks_dir: Path, limits:
         args += [kind, str(source), str(dest)]
     args += ["--perms", "1777", "--size", scratch, "--tmpfs", str(notebooks_dir)]
     args += ["--bind", str(run_dir), str(run_dir)]
-    args += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8",
-             "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
-             "--chdir", "/tmp", "--", *command]
+    args += [
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "PYTHONDONTWRITEBYTECODE",
+        "1",
+        "--chdir",
+        "/tmp",
+        "--",
+        *command,
+    ]
     return args
 
 
 def kernel_environment(socket_path: str | None) -> dict:
     """The environment of every graded kernel."""
     env = {
-        "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/home", "TMPDIR": "/tmp",
-        "IPYTHONDIR": "/tmp/home/.ipython", "MPLCONFIGDIR": "/tmp/home/.matplotlib",
-        "JUPYTER_RUNTIME_DIR": "/tmp/home/.jupyter", "JUPYTER_PLATFORM_DIRS": "1",
-        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-        "NBGRADER_EXECUTION": "autograde", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "PATH": "/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "HOME": "/tmp/home",
+        "TMPDIR": "/tmp",
+        "IPYTHONDIR": "/tmp/home/.ipython",
+        "MPLCONFIGDIR": "/tmp/home/.matplotlib",
+        "JUPYTER_RUNTIME_DIR": "/tmp/home/.jupyter",
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "NBGRADER_EXECUTION": "autograde",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
     }
     if socket_path:
         env["AUTOGRADER_VERDICTS"] = socket_path
@@ -211,8 +270,9 @@ class WarmSandbox:
     job to ``execute.ContainedExecute`` and the kernel it spawns.
     """
 
-    def __init__(self, slot: int, course_root: Path, limits: Limits, sandboxed: bool = True,
-                 base_dir: Path | None = None):
+    def __init__(
+        self, slot: int, course_root: Path, limits: Limits, sandboxed: bool = True, base_dir: Path | None = None
+    ):
         self.slot = slot
         self.course_root = Path(course_root).resolve()
         self.limits = limits
@@ -286,8 +346,14 @@ class WarmSandbox:
         log = open(self.base / f"w{self.slot}.log", "ab")
         env = {**os.environ, "OMP_NUM_THREADS": "1"} if not self.sandboxed else None
         self.process = subprocess.Popen(
-            self.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env,
-            cwd=str(self.run_dir), start_new_session=True)
+            self.command(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            cwd=str(self.run_dir),
+            start_new_session=True,
+        )
         log.close()
         self.starts += 1
 
@@ -474,9 +540,14 @@ def probe(course_root: Path) -> str | None:
     try:
         run_dir = base / "w0"
         run_dir.mkdir()
-        command = bwrap_command(Path(course_root).resolve(), run_dir, Path(course_root).resolve() / "notebooks",
-                                Limits(), [sys.executable, "-s", "-c", "import autograder.verdict"],
-                                os.geteuid() == 0)
+        command = bwrap_command(
+            Path(course_root).resolve(),
+            run_dir,
+            Path(course_root).resolve() / "notebooks",
+            Limits(),
+            [sys.executable, "-s", "-c", "import autograder.verdict"],
+            os.geteuid() == 0,
+        )
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip().splitlines()

@@ -18,6 +18,7 @@ time against kernels forked by a ``sandbox.WarmSandbox``:
 ``SandboxKernelManager`` makes a kernel forked by the sandbox look like any
 Jupyter kernel to nbclient.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,17 @@ from .bubblewrap import Limits, SandboxGone, WarmSandbox
 class SandboxKernelManager(AsyncKernelManager):
     """A Jupyter kernel forked by a ``WarmSandbox``; nbclient drives it like any other."""
 
-    def __init__(self, sandbox: WarmSandbox, limits: Limits, kernel_dir: Path, cwd: str, env: dict,
-                 arguments: list[str], files: dict | None = None, **kwargs):
+    def __init__(
+        self,
+        sandbox: WarmSandbox,
+        limits: Limits,
+        kernel_dir: Path,
+        cwd: str,
+        env: dict,
+        arguments: list[str],
+        files: dict | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.sandbox = sandbox
         self.limits = limits  # the notebook's, from its job
@@ -56,7 +66,7 @@ class SandboxKernelManager(AsyncKernelManager):
         self._pid: int | None = None
         self.swept = 0  # processes killed when interrupting
         self.headroom_mb: float | None = None
-        self.cpu: float | None = None        # CPU seconds the kernel has used, as of the last look
+        self.cpu: float | None = None  # CPU seconds the kernel has used, as of the last look
         self.cpu_ready: float | None = None  # ... when it was ready: what starting it cost
 
     @property
@@ -74,9 +84,16 @@ class SandboxKernelManager(AsyncKernelManager):
         if self.sandbox.as_root and self.sandbox.sandboxed and self.sandbox.uid is not None:
             os.chown(self.connection_file, self.sandbox.uid, self.sandbox.uid)
         reply = self.sandbox.request(
-            "spawn", connection_file=self.connection_file, cwd=self.kernel_cwd, env=self.kernel_env,
-            arguments=self.kernel_arguments, limits=asdict(self.limits), files=self.kernel_files,
-            log="/tmp/kernel.log", timeout=120)
+            "spawn",
+            connection_file=self.connection_file,
+            cwd=self.kernel_cwd,
+            env=self.kernel_env,
+            arguments=self.kernel_arguments,
+            limits=asdict(self.limits),
+            files=self.kernel_files,
+            log="/tmp/kernel.log",
+            timeout=120,
+        )
         self._pid = reply["pid"]
 
     start_kernel = _async_start_kernel
@@ -145,6 +162,7 @@ class SandboxKernelManager(AsyncKernelManager):
 
 def output_size(msg_type: str, content: dict) -> int:
     """Characters an output adds to the notebook (what the output cap counts)."""
+
     def size(value, depth=0) -> int:
         if isinstance(value, str):
             return len(value)
@@ -155,6 +173,7 @@ def output_size(msg_type: str, content: dict) -> int:
         if isinstance(value, (list, tuple)):
             return sum(size(v, depth + 1) for v in value) + 2
         return 16
+
     if msg_type == "stream":
         return size(content.get("text", ""))
     if msg_type == "error":
@@ -165,7 +184,7 @@ def output_size(msg_type: str, content: dict) -> int:
 @dataclass
 class Fault:
     cell: int
-    kind: str      # "timeout" (interrupted), "hung" (killed), "died", "not-run"
+    kind: str  # "timeout" (interrupted), "hung" (killed), "died", "not-run"
     message: str
 
 
@@ -173,20 +192,29 @@ class Fault:
 class Execution:
     """What happened while a notebook ran."""
 
-    cell_seconds: float = 0.0    # time spent running cells (replays included)
+    cell_seconds: float = 0.0  # time spent running cells (replays included)
     cell_cpu_seconds: float = 0.0  # CPU time the kernels used running them
     kernel_seconds: float = 0.0  # starting and stopping kernels
     kernels: int = 0
     faults: list[Fault] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)  # cells whose printed output was cut
-    stray_processes: int = 0     # processes cells left behind, killed
+    stray_processes: int = 0  # processes cells left behind, killed
 
 
 class ContainedExecute(Execute):
     """nbgrader's Execute, one cell at a time, in fresh sandboxed kernels after faults."""
 
-    def __init__(self, sandbox: WarmSandbox, limits: Limits, cwd: str, env: dict, arguments: list[str],
-                 files: dict | None = None, server=None, **kwargs):
+    def __init__(
+        self,
+        sandbox: WarmSandbox,
+        limits: Limits,
+        cwd: str,
+        env: dict,
+        arguments: list[str],
+        files: dict | None = None,
+        server=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.sandbox = sandbox
         self.limits = limits
@@ -271,8 +299,11 @@ class ContainedExecute(Execute):
             try:
                 msg = await kc.iopub_channel.get_msg(timeout=0.05)
                 got_any = True
-                if (msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "status"
-                        and msg["content"]["execution_state"] == "idle"):
+                if (
+                    msg["parent_header"].get("msg_id") in asked
+                    and msg["msg_type"] == "status"
+                    and msg["content"]["execution_state"] == "idle"
+                ):
                     idle = True
             except Empty:
                 pass
@@ -293,8 +324,14 @@ class ContainedExecute(Execute):
             try:
                 self.sandbox.ensure()
                 self.km = SandboxKernelManager(
-                    self.sandbox, self.limits, self.sandbox.run_dir / f"kernel{self._kernel_count}-{attempt}",
-                    self.kernel_cwd, self.kernel_env, self.kernel_arguments, self.kernel_files)
+                    self.sandbox,
+                    self.limits,
+                    self.sandbox.run_dir / f"kernel{self._kernel_count}-{attempt}",
+                    self.kernel_cwd,
+                    self.kernel_env,
+                    self.kernel_arguments,
+                    self.kernel_files,
+                )
                 await self.km.start_kernel()
                 self.kc = self.km.client()
                 self.kc.start_channels()
@@ -381,8 +418,7 @@ class ContainedExecute(Execute):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0.5:
                     stopped_at = index
-                    stop_reason = (f"not run: the notebook reached its time limit "
-                                   f"({self.limits.notebook_seconds:g} s)")
+                    stop_reason = f"not run: the notebook reached its time limit ({self.limits.notebook_seconds:g} s)"
                     break
                 self.timeout = max(1, int(min(self.limits.cell_seconds, remaining)))
                 began = time.monotonic()
@@ -401,18 +437,24 @@ class ContainedExecute(Execute):
                     # cell would fail for want of it. It counts as failed, like a crash.
                     outcome = "memory"
                 if outcome == "hung":
-                    message = (f"This cell ran past its time limit ({self.timeout} s) and did not stop when "
-                               "interrupted, so its kernel was stopped; the rest of the notebook ran in a "
-                               "fresh kernel without this cell.")
+                    message = (
+                        f"This cell ran past its time limit ({self.timeout} s) and did not stop when "
+                        "interrupted, so its kernel was stopped; the rest of the notebook ran in a "
+                        "fresh kernel without this cell."
+                    )
                     name = "CellTimeoutError"
                 elif outcome == "memory":
-                    message = (f"This cell kept almost all the memory a notebook may use "
-                               f"({self.limits.memory_mb} MB), so the rest of the notebook ran in a fresh "
-                               "kernel without this cell.")
+                    message = (
+                        f"This cell kept almost all the memory a notebook may use "
+                        f"({self.limits.memory_mb} MB), so the rest of the notebook ran in a fresh "
+                        "kernel without this cell."
+                    )
                     name = "MemoryError"
                 else:
-                    message = ("The kernel stopped while running this cell (an exit, a crash, or the memory "
-                               "or CPU limit); the rest of the notebook ran in a fresh kernel without this cell.")
+                    message = (
+                        "The kernel stopped while running this cell (an exit, a crash, or the memory "
+                        "or CPU limit); the rest of the notebook ran in a fresh kernel without this cell."
+                    )
                     name = "DeadKernelError"
                 if not any(o.get("output_type") == "error" and o.get("ename") == name for o in cell.outputs):
                     cell.outputs.append(error_output(name, message))
@@ -438,7 +480,8 @@ class ContainedExecute(Execute):
         report.cell_cpu_seconds = self._cell_cpu
         for index in sorted(self._cut):
             report.truncated.append(index)
-            note = (f"... output cut: this cell output more than {self.limits.output_mb:g} MB; "
-                    "the rest is not kept ...\n")
+            note = (
+                f"... output cut: this cell output more than {self.limits.output_mb:g} MB; the rest is not kept ...\n"
+            )
             self.nb.cells[index].outputs.append(new_output("stream", name="stdout", text=note))
         return report

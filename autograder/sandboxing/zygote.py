@@ -26,13 +26,13 @@ nothing from the course's widgets, and sees no solutions: it runs inside
 bubblewrap (``sandbox.bwrap_command``) where those paths do not exist.
 Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``.
 """
+
 from __future__ import annotations
 
 import ctypes
 import json
 import os
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -278,7 +278,7 @@ class Zygote:
             return None
         if limit == resource.RLIM_INFINITY:
             return None
-        return (limit - size) / 2 ** 20
+        return (limit - size) / 2**20
 
     def _reap(self) -> None:
         while True:
@@ -372,8 +372,11 @@ class Zygote:
                 pass
             return {}
         if op == "sweep":
-            return {"killed": self._kill_others({request["pid"]}), "headroom_mb": self._headroom(request["pid"]),
-                    "cpu": self._cpu(request["pid"])}
+            return {
+                "killed": self._kill_others({request["pid"]}),
+                "headroom_mb": self._headroom(request["pid"]),
+                "cpu": self._cpu(request["pid"]),
+            }
         if op == "interrupt":
             # Freeze the kernel so it stops forking, kill everything it started,
             # then let it go with a KeyboardInterrupt waiting for it.

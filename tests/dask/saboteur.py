@@ -5,6 +5,7 @@ whenever it starts grading a submission of a student whose id contains
 ``worker-killer``: a stand-in for a notebook whose grading brings its worker
 down, which the sandbox should make impossible but the grader must survive.
 """
+
 import os
 import signal
 
