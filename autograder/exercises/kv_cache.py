@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import Case, Exercise, Mistake, ModuleCase
+from .llama import SamplingCase
 
 ASSIGNMENT = "08_kv_cache"
 
@@ -475,31 +476,6 @@ FORWARD_MISTAKES = [
 
 def _greedy_model(ref):
     return _model(ref, 5, vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64, max_seq_len=16)
-
-
-@dataclass
-class SamplingCase(Case):
-    """Draw many continuations under a seed; the result is each new position's token shares (steps, V)."""
-
-    seed: int = 0
-
-    def run(self, function):
-        model, prompt, steps = self.args[:3]
-        with torch.random.fork_rng():
-            torch.manual_seed(self.seed)
-            out = function(*self.args, **self.kwargs)
-        expected = (prompt.shape[0], prompt.shape[1] + steps)
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(
-                f"it returned {shape} for a prompt of shape {tuple(prompt.shape)} and "
-                f"max_new_tokens={steps}; expected {expected}, the prompt followed by the new tokens"
-            )
-        vocab = model.config.vocab_size
-        new = out[:, prompt.shape[1] :].long()
-        return torch.stack(
-            [torch.bincount(new[:, j], minlength=vocab)[:vocab].double() / new.shape[0] for j in range(steps)]
-        )
 
 
 @dataclass

@@ -390,8 +390,10 @@ LLAMA_MISTAKES = [
 
 @dataclass
 class BigramConfig:
-    """What ``generate`` reads of a model's config: the context it was trained for."""
+    """What ``generate`` (and a sampling case) reads of a model's config: its vocabulary and the
+    context it was trained for."""
 
+    vocab_size: int
     max_seq_len: int = 16
 
 
@@ -400,7 +402,7 @@ class Bigram(torch.nn.Module):
 
     def __init__(self, table: torch.Tensor, max_seq_len: int = 16):
         super().__init__()
-        self.config = BigramConfig(max_seq_len)
+        self.config = BigramConfig(table.shape[-1], max_seq_len)
         self.register_buffer("table", table)
 
     def forward(self, tokens):
@@ -418,7 +420,8 @@ def _bigram_table() -> torch.Tensor:
 
 @dataclass
 class SamplingCase(Case):
-    """Draw many continuations under a seed; the result is each new position's token shares (steps, V)."""
+    """Draw many continuations under a seed; the result is each new position's token shares (steps, V).
+    Notebook 08's generate_cached is checked with it too."""
 
     seed: int = 0
 
@@ -434,7 +437,7 @@ class SamplingCase(Case):
                 f"it returned {shape} for a prompt of shape {tuple(prompt.shape)} and "
                 f"max_new_tokens={steps}; expected {expected}, the prompt followed by the new tokens"
             )
-        vocab = model.table.shape[-1]
+        vocab = model.config.vocab_size
         new = out[:, prompt.shape[1] :].long()
         return torch.stack(
             [torch.bincount(new[:, j], minlength=vocab)[:vocab].double() / new.shape[0] for j in range(steps)]
