@@ -6,14 +6,18 @@ In the learner's kernel (imported by every graded kernel; under ``./course grade
 no solution is there), at the top so notebooks and nbgrader find them:
 
 - ``trusted``: the snapshot of torch/numpy/builtins taken before student code runs;
-- ``checks``: the helper every hidden test calls (``check``), and the exercise
-  types the catalogues use (``Case``, ``ModuleCase``, ``Mistake``, ``Exercise``);
-  under stock nbgrader it compares with the reference in the kernel itself;
+- ``checks``: the helper every hidden test calls (``check``): it runs the
+  learner's code on the exercise's cases (``observe``); under stock nbgrader it
+  also compares with the reference in the kernel itself;
+- ``compare``: the comparison (``close``, ``disagreement``: which catalogued
+  mistake reproduces the differences), run by ``checks`` under stock nbgrader
+  and by ``judging.judge`` outside the kernel under ``./course grade``;
 - ``verdict``: the wire between a sandboxed ``check`` and the grader outside;
 - ``reference``: where the reference solutions come from (``solutions/``, the one source).
 
 ``exercises/``: the catalogues, per notebook the inputs each exercise is
-checked on and its catalogue of known mistakes.
+checked on and its catalogue of known mistakes, written in ``catalogue``'s
+types (``Exercise``, ``Case``, ``ModuleCase``, ``Mistake``).
 
 ``judging/``: judging and writing, outside the kernel (trusted):
 ``judge`` (the reference side of every check, answering ``verdict``),

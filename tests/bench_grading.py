@@ -258,7 +258,7 @@ def worker_seconds(root: Path) -> list[float]:
 # ---------------------------------------------------------------- the rows
 
 
-class Row:
+class BenchRow:
     def __init__(
         self, label: str, wall: float, notebooks: int, memory: tuple, cpu: float, stats: dict | None, agree: str = ""
     ):
@@ -281,7 +281,7 @@ class Row:
 HEADER = f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}  grades"
 
 
-def stock_row(course: Path, assignments: list[str], notebooks: int) -> Row:
+def stock_row(course: Path, assignments: list[str], notebooks: int) -> BenchRow:
     nbgrader = str(Path(sys.executable).parent / "nbgrader")
     started, peak, cpu = time.perf_counter(), (0.0, 0.0), 0.0
     for assignment in assignments:
@@ -295,17 +295,17 @@ def stock_row(course: Path, assignments: list[str], notebooks: int) -> Row:
                     f"(it does when a submission cannot be graded): {last}",
                     flush=True,
                 )
-    return Row("stock nbgrader (one by one)", time.perf_counter() - started, notebooks, peak, cpu, None)
+    return BenchRow("stock nbgrader (one by one)", time.perf_counter() - started, notebooks, peak, cpu, None)
 
 
 GRADE = [sys.executable, "-m", "autograder.grade", "--quiet"]
 
 
-def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None) -> Row:
+def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None) -> BenchRow:
     wall, memory, cpu, result = _run(GRADE + ["--local", "--workers", str(workers)], course)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
-    return Row(
+    return BenchRow(
         f"./course grade, {workers} worker(s)",
         wall,
         notebooks,
@@ -316,7 +316,7 @@ def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None)
     )
 
 
-def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None, logs: Path) -> Row:
+def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None, logs: Path) -> BenchRow:
     from local_cluster import LocalCluster
 
     with LocalCluster(logs) as cluster:
@@ -325,7 +325,7 @@ def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None,
         wall, memory, cpu, result = _run(GRADE + ["--scheduler", cluster.address], course)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
-    return Row(
+    return BenchRow(
         f"./course grade on Dask, {workers} workers",
         wall,
         notebooks,

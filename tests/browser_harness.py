@@ -165,11 +165,11 @@ class LabNotebook:
         return self.page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell")
 
     def explorers(self, cell_index: int | None = None) -> list:
-        """The course widgets (``explorer_driver.Explorer``) in one cell's output, or in the notebook."""
-        from explorer_driver import Explorer
+        """The course widgets (``explorer_driver.ExplorerOnPage``) in one cell's output, or in the notebook."""
+        from explorer_driver import ExplorerOnPage
 
         scope = None if cell_index is None else self.cells().nth(cell_index)
-        return Explorer.all_in(self.page, scope)
+        return ExplorerOnPage.all_in(self.page, scope)
 
     def only_explorer(self, css_class: str):
         """The notebook's one course widget of class ``css_class``, in view and quiet."""

@@ -5,7 +5,7 @@ with the CSS classes ``course-explorer`` and its topic's class, whose controls
 sit inside ``.explorer-controls``. That is all this module relies on, so it
 covers every notebook's widgets without knowing them:
 
-    explorer = Explorer.all_in(page, cell_locator)[0]
+    explorer = ExplorerOnPage.all_in(page, cell_locator)[0]
     for control in explorer.controls():
         explorer.arm()
         undo = explorer.give_input(control)        # a key press, a click, a choice
@@ -163,7 +163,7 @@ class Change:
     latency_ms: float | None  # None when no input event was seen (it happened before arm())
 
 
-class Explorer:
+class ExplorerOnPage:
     """One course widget (an element with class ``course-explorer``) in a page."""
 
     def __init__(self, page, element_locator):
@@ -175,7 +175,7 @@ class Explorer:
         self.locator = page.locator(f'[data-course-explorer="{self.id}"]')
 
     @classmethod
-    def all_in(cls, page, scope=None) -> list[Explorer]:
+    def all_in(cls, page, scope=None) -> list[ExplorerOnPage]:
         """The explorers in ``page`` (or inside the locator ``scope``), in document order."""
         elements = (scope or page).locator(".course-explorer")
         return [cls(page, elements.nth(i)) for i in range(elements.count())]

@@ -8,7 +8,7 @@ import pytest
 import torch
 from grading_suite import GradingSuite
 
-from autograder import checks, reference
+from autograder import checks, compare, reference
 from autograder.exercises import causal_masking
 
 ASSIGNMENT = "02_causal_masking"
@@ -292,11 +292,11 @@ def test_each_mutant_differs_from_the_reference_and_from_every_other(solved, nam
     expected = outputs(reference_function)
     mutants = [(mistake, outputs(mistake.mutant(solved))) for mistake in exercise.mistakes]
     for mistake, got in mutants:
-        assert any(checks.close(g, e, exercise.atol, exercise.rtol) for g, e in zip(got, expected)), mistake.name
+        assert any(compare.close(g, e, exercise.atol, exercise.rtol) for g, e in zip(got, expected)), mistake.name
     for (a, got_a), (b, got_b) in itertools.combinations(mutants, 2):
         if a.id == b.id:
             continue
-        assert any(checks.close(x, y, exercise.atol, exercise.rtol) for x, y in zip(got_a, got_b)), (a.id, b.id)
+        assert any(compare.close(x, y, exercise.atol, exercise.rtol) for x, y in zip(got_a, got_b)), (a.id, b.id)
 
 
 @pytest.mark.parametrize("name", list(causal_masking.EXERCISES))

@@ -386,7 +386,7 @@ def differs(a, b, exercise) -> bool:
 
 
 def catalogue_close(x, y, exercise) -> bool:
-    from autograder.checks import close
+    from autograder.compare import close
 
     return close(x, y, exercise.atol, exercise.rtol) is not None
 

@@ -229,7 +229,7 @@ def test_reordering_the_rows_is_hugging_faces_weight_permutation(solved):
 
 def test_every_mutant_differs_from_the_reference_and_from_each_other(solved):
     """Each catalogued mistake shows on some case, and no two mistakes look alike."""
-    from autograder.checks import close
+    from autograder.compare import close
     from autograder.exercises import rope
 
     for exercise in rope.EXERCISES.values():
@@ -252,7 +252,7 @@ def test_every_mutant_differs_from_the_reference_and_from_each_other(solved):
 
 def test_a_solution_that_ignores_positions_passes_only_on_arange(solved):
     """Why the cases use random and offset positions: with 0, 1, 2, ... alone it would pass."""
-    from autograder.checks import close
+    from autograder.compare import close
     from autograder.exercises import rope
 
     exercise = rope.EXERCISES["apply_rope"]

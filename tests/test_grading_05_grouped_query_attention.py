@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from grading_suite import GradingSuite
 
 from autograder import reference
-from autograder.checks import ModuleCase, close
+from autograder.compare import close
+from autograder.exercises.catalogue import ModuleCase
 from autograder.exercises.grouped_query_attention import EXERCISES
 
 ASSIGNMENT = "05_grouped_query_attention"

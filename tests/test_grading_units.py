@@ -204,27 +204,28 @@ def fake_judge(monkeypatch):
     """A Judge for a made-up assignment with a function, a dependant and an nn.Module exercise."""
     import types
 
-    from autograder import checks, exercises
+    from autograder import exercises
+    from autograder.exercises import catalogue
     from autograder.judging import judge
 
     def cases(ref):
         g = torch.Generator().manual_seed(0)
-        yield checks.Case("a vector", (torch.randn(4, generator=g),))
+        yield catalogue.Case("a vector", (torch.randn(4, generator=g),))
 
     def module_cases(ref):
-        yield checks.ModuleCase("a batch", (torch.ones(2, 3),), reference=ref.Tiny, init_args=(3,), seed=5)
+        yield catalogue.ModuleCase("a batch", (torch.ones(2, 3),), reference=ref.Tiny, init_args=(3,), seed=5)
 
     module = types.SimpleNamespace(
         ASSIGNMENT="99_fake",
         EXERCISES={
-            "double": checks.Exercise("double", cases),
-            "quad": checks.Exercise(
+            "double": catalogue.Exercise("double", cases),
+            "quad": catalogue.Exercise(
                 "quad",
                 cases,
                 depends_on=("double",),
-                mistakes=[checks.Mistake("times-two", "doubled once", "Double twice.", lambda ref: ref.double)],
+                mistakes=[catalogue.Mistake("times-two", "doubled once", "Double twice.", lambda ref: ref.double)],
             ),
-            "Tiny": checks.Exercise("Tiny", module_cases),
+            "Tiny": catalogue.Exercise("Tiny", module_cases),
         },
     )
     monkeypatch.setattr(exercises, "module_for", lambda assignment: module)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from autograder import reference
-from autograder.checks import close, diagnose
+from autograder.checks import diagnose
+from autograder.compare import close
 from autograder.exercises.kv_cache import EXERCISES, _reads_new_tokens_only
 
 

@@ -27,7 +27,8 @@ import pytest
 import torch
 
 from autograder import reference
-from autograder.checks import close, diagnose
+from autograder.checks import diagnose
+from autograder.compare import close
 from autograder.exercises.llama import EXERCISES, hf_state_dict
 
 transformers = pytest.importorskip("transformers")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import nbformat
 
-from .. import checks
+from .. import compare
 from ..judging.cells import error_output, graded_id
 from ..judging.flags import GRADING_FAILED, NOT_GRADED
 from ..judging.tamper import GradebookView, Inspection, inspect, restore_grading_metadata, sanitize
@@ -223,7 +223,7 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                 message = verdict.message
             if forged and message is None:
                 # The notebook changes the grading helpers: what its kernel reported cannot be trusted.
-                message = checks.tampering_message([f"code that {f}" for f in forged])
+                message = compare.tampering_message([f"code that {f}" for f in forged])
             if verdict is not None and verdict.tampered:
                 flags.append("patched-functions")
             if message and mistake_of(message) == "tampering" and verdict is not None:

@@ -2,7 +2,7 @@
 
 The module for assignment ``NN_topic`` is ``autograder.exercises.topic``
 (``01_attention`` -> ``attention``). It sets ``ASSIGNMENT`` and ``EXERCISES``,
-a dict of ``checks.Exercise`` by name; adding a notebook's module touches no
+a dict of ``catalogue.Exercise`` by name; adding a notebook's module touches no
 other file.
 """
 

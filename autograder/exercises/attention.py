@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..checks import Case, Exercise, Mistake
+from .catalogue import Case, Exercise, Mistake
 
 ASSIGNMENT = "01_attention"
 

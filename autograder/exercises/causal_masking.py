@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import Case, Exercise, Mistake
+from .catalogue import Case, Exercise, Mistake
 
 ASSIGNMENT = "02_causal_masking"
 

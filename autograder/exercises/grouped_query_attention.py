@@ -16,7 +16,7 @@ Tolerances:
 
 import torch
 
-from ..checks import Case, Exercise, Mistake, ModuleCase
+from .catalogue import Case, Exercise, Mistake, ModuleCase
 
 ASSIGNMENT = "05_grouped_query_attention"
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..checks import Case, Exercise, Mistake, ModuleCase
+from .catalogue import Case, Exercise, Mistake, ModuleCase
 from .llama import SamplingCase
 
 ASSIGNMENT = "08_kv_cache"

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..checks import Case, Exercise, Mistake, ModuleCase
+from .catalogue import Case, Exercise, Mistake, ModuleCase
 
 ASSIGNMENT = "07_llama"
 FIELDS = (

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import Case, Exercise, Mistake, ModuleCase
+from .catalogue import Case, Exercise, Mistake, ModuleCase
 
 ASSIGNMENT = "03_multi_head_attention"
 

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from ..checks import Case, Exercise, Mistake
+from .catalogue import Case, Exercise, Mistake
 
 ASSIGNMENT = "04_rope"
 

@@ -6,7 +6,7 @@ ordering (einsum, matmul, a sum of products, float64) agrees to about 1e-6.
 
 import torch
 
-from ..checks import Case, Exercise, Mistake
+from .catalogue import Case, Exercise, Mistake
 
 ASSIGNMENT = "00_start_here"
 

@@ -24,7 +24,7 @@ Tolerances, per exercise:
 import torch
 import torch.nn.functional as F
 
-from ..checks import Exercise, Mistake, ModuleCase
+from .catalogue import Exercise, Mistake, ModuleCase
 
 ASSIGNMENT = "06_transformer_block"
 

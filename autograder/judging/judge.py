@@ -25,7 +25,8 @@ import socketserver
 import threading
 from dataclasses import dataclass, field
 
-from .. import checks, reference, verdict
+from .. import compare, reference, verdict
+from ..exercises.catalogue import ModuleCase
 from ..verdict import mistake_of
 
 
@@ -101,7 +102,7 @@ class Judge:
         if name not in self._shipped:
             shipped = []
             for case in self.cases(name):
-                if isinstance(case, checks.ModuleCase):
+                if isinstance(case, ModuleCase):
                     case.reference_state()  # the weights travel, the reference class does not
                     case = copy.copy(case)
                     case.reference = None
@@ -186,7 +187,7 @@ class Judge:
     def expected(self, name: str) -> list:
         if name not in self._expected:
             exercise = self.exercises[name]
-            self._expected[name] = checks.reference_outputs(
+            self._expected[name] = compare.reference_outputs(
                 exercise, getattr(self.ref, exercise.target or name), self.cases(name)
             )
         return self._expected[name]
@@ -197,7 +198,7 @@ class Judge:
             if key not in self._predicted:
                 try:
                     mutant = mistake.mutant(self.ref)
-                    self._predicted[key] = checks._run(mutant, case)
+                    self._predicted[key] = compare.run_case(mutant, case)
                 except Exception as error:
                     self._predicted[key] = (None, error)
             return self._predicted[key]
@@ -207,11 +208,11 @@ class Judge:
     def verdict(self, name: str, problem, outputs, tampered) -> str | None:
         """The learner-facing message for this check, or None when it passed."""
         if tampered:
-            return checks.tampering_message([str(t) for t in tampered])
+            return compare.tampering_message([str(t) for t in tampered])
         exercise = self.exercises[name]
         target = exercise.target or name  # the learner's object the messages are about
         if problem:
-            return checks.finish(target, str(problem)[:4000])
+            return compare.finish(target, str(problem)[:4000])
         cases = self.cases(name)
         try:
             budget = [verdict.MAX_ITEMS]  # shared by all the outputs of one check
@@ -221,9 +222,8 @@ class Judge:
         if len(values) != len(cases):
             return f"`{target}`: the check did not receive an output for every case."
         with self.lock:
-            return checks.finish(
-                target, checks.judge(exercise, cases, values, self.expected(name), self.ref, self._predict(name))
-            )
+            problem = compare.disagreement(exercise, cases, values, self.expected(name), self.ref, self._predict(name))
+            return compare.finish(target, problem)
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -333,7 +333,7 @@ class VerdictServer:
                 checked = set(self.checked)
                 self.checked.add(name)  # from now on its dependants may see its reference
                 if tampered:
-                    record.finished, record.message = True, checks.tampering_message(tampered)
+                    record.finished, record.message = True, compare.tampering_message(tampered)
                     return {"message": record.message}
         judge = self.judges[assignment]
         if op == "begin":
