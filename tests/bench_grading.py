@@ -247,6 +247,16 @@ def run_stats(root: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def sandboxes_started(root: Path) -> int:
+    """Sandboxes the run started (from the ledger): one per worker while every notebook leaves its
+    sandbox reusable, more when some were retired."""
+    import sqlite3
+
+    with sqlite3.connect(root / "coursework" / ".work" / "grading.sqlite") as db:
+        summaries = [json.loads(summary) for (summary,) in db.execute("SELECT summary FROM graded")]
+    return len({(s.get("worker"), s.get("sandbox_launch")) for s in summaries})
+
+
 def worker_seconds(root: Path) -> list[float]:
     """Seconds each notebook took on its worker (from the ledger)."""
     import sqlite3
@@ -264,6 +274,7 @@ class BenchRow:
     ):
         self.label, self.wall, self.notebooks, self.memory, self.cpu = label, wall, notebooks, memory, cpu
         self.stats, self.agree = stats, agree
+        self.sandboxes: int | None = None
 
     def line(self) -> str:
         rate = self.notebooks / self.wall if self.wall else 0.0
@@ -272,13 +283,17 @@ class BenchRow:
             main = f"{self.stats['main_cpu_seconds'] / max(1, self.stats['notebooks']):>13.3f}"
         else:
             commit = main = f"{'-':>13}"
+        sandboxes = f"{self.sandboxes:>10}" if self.sandboxes is not None else f"{'-':>10}"
         return (
             f"{self.label:<34}{self.wall:>8.1f}{rate:>8.2f}{commit}{main}{self.memory[0]:>9.0f}"
-            f"{self.cpu:>8.1f}  {self.agree}"
+            f"{self.cpu:>8.1f}{sandboxes}  {self.agree}"
         )
 
 
-HEADER = f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}  grades"
+HEADER = (
+    f"{'':<34}{'wall s':>8}{'nb/s':>8}{'commit s/nb':>13}{'main CPU/nb':>13}{'peak MB':>9}{'CPU s':>8}"
+    f"{'sandboxes':>10}  grades"
+)
 
 
 def stock_row(course: Path, assignments: list[str], notebooks: int) -> BenchRow:
@@ -305,7 +320,7 @@ def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None)
     wall, memory, cpu, result = _run(GRADE + ["--local", "--workers", str(workers)], course)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
-    return BenchRow(
+    row = BenchRow(
         f"./course grade, {workers} worker(s)",
         wall,
         notebooks,
@@ -314,6 +329,8 @@ def ours_row(course: Path, notebooks: int, workers: int, reference: dict | None)
         run_stats(course),
         agreement(reference, grades(course)),
     )
+    row.sandboxes = sandboxes_started(course)
+    return row
 
 
 def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None, logs: Path) -> BenchRow:
@@ -325,7 +342,7 @@ def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None,
         wall, memory, cpu, result = _run(GRADE + ["--scheduler", cluster.address], course)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
-    return BenchRow(
+    row = BenchRow(
         f"./course grade on Dask, {workers} workers",
         wall,
         notebooks,
@@ -334,6 +351,8 @@ def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None,
         run_stats(course),
         agreement(reference, grades(course)),
     )
+    row.sandboxes = sandboxes_started(course)
+    return row
 
 
 def agreement(reference: dict | None, found: dict) -> str:
@@ -473,7 +492,8 @@ def main(argv=None) -> int:
             "\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
             "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
             "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
-            "the command's process tree (a Dask cluster's workers are not in it)."
+            "the command's process tree (a Dask cluster's workers are not in it); sandboxes: warm sandboxes the "
+            "run started (one per worker unless a notebook spoiled one)."
         )
         if args.writer:
             rate = writer_rate(base, args.writer)

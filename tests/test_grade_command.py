@@ -295,6 +295,23 @@ class TestEveryNotebooksCatalogue:
         assert len(pages) == len(expected)
         assert_no_hidden_code(course, pages)
 
+    def test_a_notebook_that_faults_nowhere_leaves_its_sandbox_warm(self, run):
+        """The next notebook on the same worker runs in the same warm sandbox: its clean-up proved
+        it clean. (A sandbox retired after every notebook would cost its start-up, seconds, each time.)"""
+        course, _, _ = run
+        by_worker: dict = {}
+        for summary in ledger(course).values():
+            by_worker.setdefault(summary["worker"], []).append(summary)
+        reused = 0
+        for summaries in by_worker.values():
+            summaries.sort(key=lambda summary: summary["started"])
+            for before, after in zip(summaries, summaries[1:]):
+                if before["faults"] or not before["graded"]:
+                    continue
+                assert after["sandbox_launch"] == before["sandbox_launch"], (before["messages"], after["messages"])
+                reused += 1
+        assert reused >= len(ledger(course)) // 2
+
 
 # ---------------------------------------------------------------- crash, resume, unsandboxed
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import zipfile
 
 import nbformat
@@ -75,6 +77,14 @@ def test_mistake_tags_and_check_calls_are_read_from_text():
     assert verdict.mistake_of("no tag here") is None
     source = '### BEGIN HIDDEN TESTS\nfrom autograder.checks import check; check("01_attention", "softmax", globals())'
     assert verdict.expected_checks(source) == [("01_attention", "softmax")]
+
+
+def test_the_grade_commands_own_process_does_not_import_torch():
+    """The command's one process only collects and commits; torch (hundreds of MB, a second to
+    import) belongs to the workers and their sandboxes."""
+    code = "import sys, autograder.grade, autograder.engine.runners; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr
 
 
 # ---------------------------------------------------------------- tamper flags

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import nbformat
 
-from .. import compare
 from ..judging.cells import error_output, graded_id
 from ..judging.flags import GRADING_FAILED, NOT_GRADED
 from ..judging.tamper import GradebookView, Inspection, inspect, restore_grading_metadata, sanitize
@@ -91,6 +90,7 @@ class Result:
     faults: list = field(default_factory=list)
     timestamp: str | None = None
     worker: str = ""
+    sandbox_launch: int = 0  # which of its worker's sandboxes it ran in (a new one after one was retired)
     started: float = 0.0  # when its worker began it (epoch seconds)
 
 
@@ -199,6 +199,8 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
     (if the notebook swallowed it), so nbgrader's scoring gives the cell no
     points. Returns (CheckRecords, flags).
     """
+    from .. import compare  # here, on the worker: the command's own process never imports torch
+
     records, flags = [], []
     faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "memory", "not-run")}
     for index, cell in enumerate(nb.cells):
@@ -337,6 +339,7 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
         flags=list(job.flags),
         timestamp=job.timestamp,
         worker=f"w{sandbox.slot}",
+        sandbox_launch=sandbox.launches,
         started=time.time(),
     )
     resources = {

@@ -92,6 +92,7 @@ class Ledger:
             "kernel_seconds": result.kernel_seconds,
             "faults": result.faults,
             "worker": result.worker,
+            "sandbox_launch": result.sandbox_launch,
             "started": result.started,
         }
         with self.db:

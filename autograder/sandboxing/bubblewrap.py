@@ -285,8 +285,8 @@ class WarmSandbox:
         self.notebooks_dir = self.course_root / "notebooks"
         self.process: subprocess.Popen | None = None
         self.info: dict = {}
-        self.starts = 0
         self.retired = 0  # sandboxes given up because their state could not be trusted
+        self.launches = 0  # sandboxes started: 1 as long as every notebook left this one reusable
         self._interpreter_pid: int | None = None  # the warm interpreter, as this machine numbers it
 
     # ------------------------------------------------------------ lifecycle
@@ -344,6 +344,7 @@ class WarmSandbox:
         os.chmod(self.base, 0o755)
         self.own(self.run_dir, writable=False)
         log = open(self.base / f"w{self.slot}.log", "ab")
+        self.launches += 1
         env = {**os.environ, "OMP_NUM_THREADS": "1"} if not self.sandboxed else None
         self.process = subprocess.Popen(
             self.command(),
@@ -355,7 +356,6 @@ class WarmSandbox:
             start_new_session=True,
         )
         log.close()
-        self.starts += 1
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         line = self._read(timeout)

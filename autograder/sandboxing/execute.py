@@ -273,10 +273,11 @@ class ContainedExecute(Execute):
     async def _ready(self, deadline: float) -> None:
         """Wait until the kernel answers on shell and iopub (no fixed sleeps).
 
-        A kernel_info request goes out every half second until the kernel has
+        A kernel_info request goes out every tenth of a second until the kernel has
         answered one on shell and iopub has shown an "idle" for one: iopub is a
-        subscription that may join late, so its first messages can be lost, and
-        no output of the first cell must be.
+        subscription that may join late, so its first messages can be lost (then
+        the next request's "idle" is the one seen), and no output of the first
+        cell must be.
         """
         kc = self.kc
         asked: set[str] = set()
@@ -285,7 +286,7 @@ class ContainedExecute(Execute):
         while time.monotonic() < deadline:
             if time.monotonic() >= next_request:
                 asked.add(kc.kernel_info())
-                next_request = time.monotonic() + 0.5
+                next_request = time.monotonic() + 0.1
             got_any = False
             try:
                 msg = await kc.shell_channel.get_msg(timeout=0.05)

@@ -147,8 +147,11 @@ def _wipe(folder: str, keep=(), budget: list[int] | None = None) -> bool:
     if not os.path.isdir(folder):
         return True
     clean = True
+    try:  # a notebook may have taken its own permissions away; the sandbox's own folders
+        os.chmod(folder, os.stat(folder).st_mode | 0o700)  # (bwrap's, owned by root) keep theirs
+    except OSError:
+        pass
     try:
-        os.chmod(folder, os.stat(folder).st_mode | 0o700)
         names = os.listdir(folder)
     except OSError:
         return False
@@ -398,8 +401,11 @@ class Zygote:
             self.children = {pid: s for pid, s in self.children.items() if s is None}
             clean = not (self.config.get("pid_namespace", True) and self._others(set()))
             budget = [2_000_000]
+            # The grader's folders stay, and so do the wiped folders themselves (each is a mount
+            # point: a course root under /tmp puts the notebooks' one inside /tmp's)
+            keep = [*self.config.get("keep", []), *self.config.get("wipe", [])]
             for folder in self.config.get("wipe", []):
-                clean = _wipe(folder, self.config.get("keep", []), budget) and clean
+                clean = _wipe(folder, keep, budget) and clean
             return {"killed": killed, "cpu": cpu, "clean": clean}
         if op == "ping":
             return {"pid": os.getpid()}
