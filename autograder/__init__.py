@@ -37,8 +37,9 @@ fault containment).
 snapshot), ``collect`` (finds submissions), ``job`` (the unit of work: one
 notebook in, one result out, feedback included), ``runners`` (the runner
 contract, the warm-sandbox ``Station`` both runners grade with, the local
-pool), ``distributed`` (the Dask runner), ``identity`` (the one digest of the
-grading code).
+pool), ``pool_preload`` (what the local pool's fork server imports once, so
+its processes share it), ``distributed`` (the Dask runner), ``identity`` (the
+one digest of the grading code).
 
 Entry points: ``grade`` (``./course grade``: ``main`` reads as its steps),
 ``release`` (``./course generate``). The benchmark (``tests/bench_grading.py``)

@@ -9,7 +9,7 @@
 
 ``main`` reads as its steps: read the course (``course.CourseFolder``), try
 every place the run will write (``check_outputs``), refuse
-to run student code without the sandbox (``sandbox.probe``) unless told, choose
+to run student code without the sandbox (``bubblewrap.probe``) unless told, choose
 where to grade (a ``runners.Runner``: this machine's ``LocalPool`` or a Dask
 cluster, ``distributed``; a cluster is checked before anything is written),
 hold the course for this run alone, with its own scratch folder, removing what

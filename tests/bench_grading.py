@@ -32,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -441,6 +442,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip-stock", action="store_true", help="leave out stock nbgrader")
     parser.add_argument("--skip-distributed", action="store_true", help="leave out the local Dask cluster")
     args = parser.parse_args(argv)
+    # Stopped by a signal, as by Ctrl-C: unwind, so the local Dask cluster (its own sessions) stops too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = args.keep or Path(tempfile.mkdtemp(prefix="grading-bench-"))
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
     per_notebook, starts = [], []

@@ -7,7 +7,7 @@ autograded notebook, its scores and comments by nbgrader's ``SaveAutoGrades``
 rules, its feedback page (``finish``), the checks' verdicts and the flags. It
 writes nothing but sandbox scratch files, so it runs wherever a runner puts it
 (``runners``: this machine's processes or a Dask cluster), in a warm sandbox
-(``sandbox.WarmSandbox``) with one ``judge.Judge`` per assignment kept for the
+(``bubblewrap.WarmSandbox``) with one ``judge.Judge`` per assignment kept for the
 worker's life. The single writer (``writer.Writer``) commits the result.
 """
 

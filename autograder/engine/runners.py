@@ -4,11 +4,12 @@ A runner (``Runner``) grades ``job.Job``s and hands each ``job.Result`` to the
 command's ``on_result`` as it finishes, in the command's own process, which
 commits it (``writer``). Two implement it:
 
-- ``LocalPool`` (the default): spawned processes on this machine;
+- ``LocalPool`` (the default): processes on this machine, forked from a server that
+  imported what grading needs once (``pool_preload``), so they share that memory;
 - ``distributed.DaskCluster`` (``--scheduler``): a Dask cluster's workers.
 
 On the grading side both run the same code: a ``Station`` keeps one warm
-sandbox (``sandbox.WarmSandbox``, with its own worker slot) per thread that
+sandbox (``bubblewrap.WarmSandbox``, with its own worker slot) per thread that
 grades, and ``grade_at`` grades one job in one of them
 (``job.grade_submission``). A local pool process has one thread, so one
 sandbox; a Dask worker process keeps one per thread it grades with.
@@ -128,6 +129,8 @@ def grade_at(station: Station, job: Job) -> Result:
 # ---------------------------------------------------------------- this machine's processes
 
 _station: list[Station] = []
+# Imported once by the pool processes' fork server (no threads started, nothing graded yet).
+POOL_PRELOAD = ["autograder.engine.pool_preload"]
 PR_SET_PDEATHSIG = 1
 
 
@@ -165,15 +168,18 @@ def _pool_process_pid() -> int:
 class LocalPool:
     """Grading processes on this machine, each with a warm sandbox (a ``Station`` of one).
 
-    ``start()`` launches them early, so they import torch and warm their
-    sandboxes while the command still reads the gradebook. A process that dies
+    ``start()`` launches them early, so they warm their sandboxes while the
+    command still reads the gradebook. A process that dies
     (it should not: student code runs in the sandbox) is replaced and the
     unfinished jobs are tried again, at most twice.
     """
 
     def __init__(self, course_root: Path, limits: Limits, sandboxed: bool, workers: int):
         self.course_root, self.limits, self.sandboxed, self.workers = course_root, limits, sandboxed, workers
-        self.context = multiprocessing.get_context("spawn")
+        # Forked from a server that imported what grading needs once: torch's and the executor's
+        # memory (about 200 MB) is shared by every pool process instead of copied into each.
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload(POOL_PRELOAD)
         from .runs import SCRATCH_PREFIX
 
         self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed

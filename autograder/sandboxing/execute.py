@@ -2,7 +2,7 @@
 
 ``ContainedExecute`` is nbgrader's own ``Execute`` preprocessor (nbclient
 underneath, with nbgrader's timeout and error handling), driven one cell at a
-time against kernels forked by a ``sandbox.WarmSandbox``:
+time against kernels forked by a ``bubblewrap.WarmSandbox``:
 
 - a cell that runs past its time limit is interrupted; if the interrupt does
   not stop it (a loop that swallows KeyboardInterrupt) the kernel is killed;

@@ -3,7 +3,7 @@
 Starting Python, importing torch and the kernel machinery costs seconds; a
 notebook's own cells often take less. This process pays that once per worker:
 it imports everything a graded kernel needs, then waits for requests from the
-trusted grader (``sandbox.Zygote``) on stdin, one JSON line each, and answers
+trusted grader (``bubblewrap.WarmSandbox``) on stdin, one JSON line each, and answers
 one JSON line on stdout:
 
 - ``spawn``: fork a child that becomes an IPython kernel for one notebook, with
@@ -23,13 +23,14 @@ falls out of step.
 
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
-bubblewrap (``sandbox.bwrap_command``) where those paths do not exist.
+bubblewrap (``bubblewrap.bwrap_command``) where those paths do not exist.
 Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import resource
@@ -440,6 +441,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(config.get("env", {}))
     timings = _warm_up(config.get("preload", []))
+    # What is loaded now stays out of the collector's reach: a collection in a forked kernel would
+    # otherwise write to every object's header and copy the pages it shares with this process.
+    gc.freeze()
     ready = {"ready": True, "pid": os.getpid(), "uid": os.getuid(), "imports": timings}
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
