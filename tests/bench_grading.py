@@ -161,21 +161,26 @@ def _pss(pid: int) -> int | None:
 
 
 class PeakMemory:
-    """Highest memory of this process's descendants, summed, sampled 10 times a second.
+    """Highest memory of this process's descendants, summed, sampled 10 times a second; and their CPU.
 
     ``peak_mb`` sums their proportional set sizes (a page shared by n processes
     counts 1/n to each: what the tree really holds); ``peak_rss_mb`` sums their
     resident sizes (a page shared by forked kernels counts once per process).
+    ``cpu_seconds`` sums the CPU time each descendant had used when last seen:
+    it counts processes whose parent never waits for them (a fork server's
+    children, a sandbox's kernels), which the kernel's own accounting of
+    waited-for children misses; only the last tenth of a second of each is lost.
     """
 
     def __init__(self):
         self.peak_mb = 0.0
         self.peak_rss_mb = 0.0
+        self._ticks: dict[tuple[int, int], int] = {}  # (pid, start time) -> CPU ticks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _tree_mb(self) -> tuple[float, float]:
-        parents, rss = {}, {}
+        parents, rss, ticks = {}, {}, {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
@@ -184,6 +189,7 @@ class PeakMemory:
                     fields = stat.read().rsplit(")", 1)[1].split()
                 parents[int(name)] = int(fields[1])
                 rss[int(name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+                ticks[int(name)] = (int(fields[19]), int(fields[11]) + int(fields[12]))  # start, utime + stime
             except (OSError, IndexError, ValueError):
                 continue
         me, total, proportional = os.getpid(), 0, 0
@@ -192,6 +198,8 @@ class PeakMemory:
             while ancestor and ancestor != me and depth < 50:
                 ancestor, depth = parents.get(ancestor), depth + 1
             if ancestor == me:
+                started, used = ticks[pid]
+                self._ticks[(pid, started)] = max(self._ticks.get((pid, started), 0), used)
                 total += rss[pid]
                 pss = _pss(pid)
                 proportional += rss[pid] if pss is None else pss
@@ -210,23 +218,19 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
 
-
-def _cpu_of_children() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self._ticks.values()) / os.sysconf("SC_CLK_TCK")
 
 
 def _run(command: list[str], cwd: Path) -> tuple[float, tuple[float, float], float, subprocess.CompletedProcess]:
     """(wall seconds, (peak PSS MB, peak RSS MB), CPU seconds of the whole process tree, the result)."""
     env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    cpu = _cpu_of_children()
     with PeakMemory() as memory:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - started
-    return seconds, (memory.peak_mb, memory.peak_rss_mb), _cpu_of_children() - cpu, result
+    return seconds, (memory.peak_mb, memory.peak_rss_mb), memory.cpu_seconds, result
 
 
 def grades(root: Path) -> dict:
@@ -495,7 +499,8 @@ def main(argv=None) -> int:
             "\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
             "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
             "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
-            "the command's process tree (a Dask cluster's workers are not in it); sandboxes: warm sandboxes the "
+            "every process of the run (sandboxes, kernels and the Dask row's cluster included, start-up too); "
+            "sandboxes: warm sandboxes the "
             "run started (one per worker unless a notebook spoiled one)."
         )
         if args.writer:

@@ -185,22 +185,44 @@ class LocalPool:
         self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed
         self.executor: futures.ProcessPoolExecutor | None = None
         self.retired: list[futures.ProcessPoolExecutor] = []
+        self._launching: threading.Thread | None = None
+        self._launch_error: BaseException | None = None
 
     def describe(self, jobs: int) -> str:
         return f"{min(self.workers, max(1, jobs))} worker(s)"
 
     def start(self, expected_jobs: int | None = None) -> None:
-        if self.executor is not None:
+        """Launch the pool processes in the background: forking the first waits for the fork
+        server's imports, and the command reads the gradebook meanwhile."""
+        if self.executor is not None or self._launching is not None:
             return
         count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
-        self.executor = futures.ProcessPoolExecutor(
-            max_workers=count,
-            mp_context=self.context,
-            initializer=_pool_process_init,
-            initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base)),
-        )
-        for _ in range(count):  # spawn them all now: each warms up while we prepare the jobs
-            self.executor.submit(_pool_process_pid)
+
+        def launch() -> None:
+            try:
+                executor = futures.ProcessPoolExecutor(
+                    max_workers=count,
+                    mp_context=self.context,
+                    initializer=_pool_process_init,
+                    initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base)),
+                )
+                for _ in range(count):  # fork them all now: each warms up while we prepare the jobs
+                    executor.submit(_pool_process_pid)
+                self.executor = executor
+            except BaseException as error:  # raised where the pool is used (``_launched``)
+                self._launch_error = error
+
+        self._launching = threading.Thread(target=launch, name="pool-launch", daemon=True)
+        self._launching.start()
+
+    def _launched(self) -> None:
+        """Wait for ``start``'s launch to finish (re-raising what it met)."""
+        if self._launching is not None:
+            self._launching.join()
+            self._launching = None
+        if self._launch_error is not None:
+            error, self._launch_error = self._launch_error, None
+            raise error
 
     def run(self, jobs: list[Job], on_result, progress=None) -> list[str]:
         problems = []
@@ -208,6 +230,7 @@ class LocalPool:
         attempts: dict[int, int] = {}
         while pending:
             self.start(len(pending))
+            self._launched()
             running = {self.executor.submit(_grade_in_pool, job): key for key, job in pending.items()}
             broken = False
             for future in futures.as_completed(running):
@@ -240,6 +263,10 @@ class LocalPool:
         return problems
 
     def close(self) -> None:
+        try:
+            self._launched()
+        except Exception:
+            pass  # nothing was launched: nothing to close
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
             self.retired.append(self.executor)
