@@ -108,7 +108,9 @@ def course() -> list[str]:
     from . import exercises
 
     names = [info.name for info in pkgutil.iter_modules(exercises.__path__)]
-    return sorted(importlib.import_module(f"{exercises.__name__}.{name}").ASSIGNMENT for name in names)
+    modules = [importlib.import_module(f"{exercises.__name__}.{name}") for name in names]
+    # a notebook's catalogue names its assignment; the package's other modules (``catalogue``) do not
+    return sorted(module.ASSIGNMENT for module in modules if hasattr(module, "ASSIGNMENT"))
 
 
 # ---------------------------------------------------------------- the check cell

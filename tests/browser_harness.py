@@ -152,10 +152,17 @@ class LabNotebook:
         self.page.get_by_role("menuitem", name="Run", exact=True).click()
         self.page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         deadline = time.monotonic() + timeout_s
+        stopped_at_error = 0
         while time.monotonic() < deadline:
             prompts = self.page.locator(".jp-CodeCell .jp-InputArea-prompt").all_inner_texts()
             done = prompts and all(p.strip() not in ("", "[ ]:", "[*]:") for p in prompts)
-            if done and self.page.get_by_text("(ipykernel) | Idle").count():
+            idle = self.page.get_by_text("(ipykernel) | Idle").count()
+            if done and idle:
+                return
+            # Run All stops at a cell that raises: the cells after it never run, so stop waiting
+            # (the caller sees the error outputs) once the kernel has stayed idle with one for a second.
+            stopped_at_error = stopped_at_error + 1 if idle and self.error_outputs() else 0
+            if stopped_at_error >= 4:
                 return
             time.sleep(0.25)
         raise TimeoutError(f"Run All did not finish in {timeout_s} s: prompts {prompts}")

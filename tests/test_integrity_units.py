@@ -10,12 +10,15 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from autograder import checks, compare, verdict
 from autograder.judging.tamper import forges_helpers, suspicious_code
+from autograder.sandboxing.bubblewrap import Limits, WarmSandbox, claim_slot
+from autograder.sandboxing.bubblewrap import probe as _probe
 from autograder.sandboxing.zygote import _wipe
 
 
@@ -60,6 +63,26 @@ def test_clean_up_that_cannot_finish_says_so(tmp_path):
         os.chdir(here)
     assert not _wipe(str(scratch), budget=[20])  # out of budget: reported, so the sandbox is retired
     assert _wipe(str(scratch))
+
+
+@pytest.mark.skipif(bool(_probe(Path(__file__).resolve().parent.parent)), reason="bubblewrap cannot run here")
+def test_clean_up_in_a_real_sandbox_proves_it_clean_with_mounts_under_tmp(tmp_path):
+    """A checkout, a virtualenv or a course under /tmp is mounted inside the sandbox's own /tmp: the
+    clean-up between notebooks wipes around those mount points and says the sandbox is clean (else
+    every notebook would retire its sandbox and the next would wait for a fresh one)."""
+    course = tmp_path / "course"
+    (course / "assets").mkdir(parents=True)  # mounted read-only at the same path, inside /tmp
+    (course / "assets" / "data.txt").write_text("the course's data")
+    sandbox = WarmSandbox(claim_slot(), course, Limits(), sandboxed=True, base_dir=tmp_path / "run")
+    try:
+        sandbox.launch()
+        sandbox.wait_ready()
+        first = sandbox.reset(None)
+        assert first["clean"], first
+        assert sandbox.sane() and sandbox.retired == 0 and sandbox.launches == 1
+    finally:
+        sandbox.close()
+    assert (course / "assets" / "data.txt").read_text() == "the course's data"
 
 
 def test_the_judge_checks_the_kind_before_the_values():

@@ -161,6 +161,25 @@ def _etc_files() -> list[Path]:
     return [Path("/etc") / n for n in names if (Path("/etc") / n).exists()]
 
 
+def read_only_binds(course_root: Path) -> list[tuple[str, Path, Path]]:
+    """What the sandbox sees of this machine besides /usr: (kind, source, destination)."""
+    binds: list[tuple[str, Path, Path]] = []
+    for path in _etc_files():
+        binds.append(("--ro-bind", path, path))
+    for root in _python_roots():
+        binds.append(("--ro-bind", root, root))
+    binds.append(("--ro-bind", PACKAGE, PACKAGE))  # code only: the class's data is in coursework/
+    widgets = _widgets_folder()
+    if widgets is not None:
+        binds.append(("--ro-bind", widgets, widgets))
+    # The course's data: beside the notebooks, and beside the widget package,
+    # which reads it from there (notebook 07's corpus), when the two differ.
+    for assets in dict.fromkeys([course_root / "assets", *([widgets.parent / "assets"] if widgets else [])]):
+        if assets.is_dir():
+            binds.append(("--ro-bind", assets, assets))
+    return binds
+
+
 def bwrap_command(
     course_root: Path, run_dir: Path, notebooks_dir: Path, limits: Limits, command: list[str], as_root: bool
 ) -> list[str]:
@@ -189,20 +208,7 @@ def bwrap_command(
             args += ["--symlink", os.readlink(path), str(path)]
         elif path.is_dir():
             args += ["--ro-bind", str(path), str(path)]
-    binds: list[tuple[str, Path, Path]] = []
-    for path in _etc_files():
-        binds.append(("--ro-bind", path, path))
-    for root in _python_roots():
-        binds.append(("--ro-bind", root, root))
-    binds.append(("--ro-bind", PACKAGE, PACKAGE))  # code only: the class's data is in coursework/
-    widgets = _widgets_folder()
-    if widgets is not None:
-        binds.append(("--ro-bind", widgets, widgets))
-    # The course's data: beside the notebooks, and beside the widget package,
-    # which reads it from there (notebook 07's corpus), when the two differ.
-    for assets in dict.fromkeys([course_root / "assets", *([widgets.parent / "assets"] if widgets else [])]):
-        if assets.is_dir():
-            binds.append(("--ro-bind", assets, assets))
+    binds = read_only_binds(course_root)
     # Folders bwrap creates on its way to a mount point are root-only by default.
     folders = sorted(
         {parent for _, _, dest in binds for parent in dest.parents} | set(notebooks_dir.parents) | set(run_dir.parents),
@@ -305,7 +311,9 @@ class WarmSandbox:
             "env": env,
             "pid_namespace": self.sandboxed,
             "wipe": ["/tmp", str(self.notebooks_dir)] if self.sandboxed else [],
-            "keep": [str(self.base)],
+            # The clean-up between notebooks leaves the grader's folders and every mount point alone
+            # (a checkout or a virtualenv under /tmp is mounted inside the sandbox's /tmp)
+            "keep": [str(self.base), *(str(dest) for _, _, dest in read_only_binds(self.course_root))],
         }
 
     def work_dir(self, assignment: str) -> Path:
