@@ -253,7 +253,6 @@ def plan_jobs(args, course: CourseFolder, collection: Collection, done: dict, li
     ]
     if changed:  # the workers warm up while the gradebook is read
         runner.start(len(changed))
-        _warm_matplotlib()
     assignments = sorted({s.assignment for s in collection.submissions})
     notes = course.register(assignments) if assignments else []
     notebooks = course.notebooks()
@@ -307,19 +306,25 @@ def grade_and_commit(args, course: CourseFolder, ledger, runner, jobs: list[Job]
 
     graded = Graded()
     writer = Writer(course.coursedir, course.config, course.db_url, ledger)
+    # The report's plotting library is imported while the last notebooks grade: once a local
+    # worker has nothing left to do (its memory is free by then); on a cluster, at once.
+    workers = getattr(runner, "workers", 0)
 
     def commit(result: Result) -> None:
         began = time.perf_counter()
         writer.commit(result)
         graded.commit_seconds += time.perf_counter() - began
         graded.results.append(result)
+        if len(jobs) - len(graded.results) < workers:
+            _warm_matplotlib()
         if graded.first_result is None:
             graded.first_result = time.monotonic() - _T0
             trace("first result committed")
 
     try:
         if jobs:
-            _warm_matplotlib()
+            if not workers or len(jobs) < workers:
+                _warm_matplotlib()
             progress = tqdm(total=len(jobs), unit="nb", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
             try:
                 graded.problems = runner.run(jobs, commit, progress)

@@ -160,8 +160,11 @@ class LabNotebook:
             if done and idle:
                 return
             # Run All stops at a cell that raises: the cells after it never run, so stop waiting
-            # (the caller sees the error outputs) once the kernel has stayed idle with one for a second.
-            stopped_at_error = stopped_at_error + 1 if idle and self.error_outputs() else 0
+            # (the caller sees the error outputs) once the kernel has stayed idle with one for a second
+            # and no cell is queued any more ("[*]"). Idle alone is no sign: the kernel is idle for a
+            # moment between two cells, and a stderr output may be a warning or a progress bar.
+            queued = any(p.strip() == "[*]:" for p in prompts)
+            stopped_at_error = stopped_at_error + 1 if idle and not queued and self.error_outputs() else 0
             if stopped_at_error >= 4:
                 return
             time.sleep(0.25)
