@@ -28,9 +28,11 @@ preprocessors and exporter), ``writer`` (the single writer of gradebook,
 files and ledger), ``report`` (the grades CSV, the class report, the summary).
 
 ``sandboxing/``: where student notebooks run: ``bubblewrap`` (the sandbox,
-``Limits``, ``WarmSandbox``, ``probe``), ``zygote`` (the warm interpreter
-inside it, forking a kernel per notebook), ``execute`` (cell by cell, with
-fault containment).
+``Limits``, ``WarmSandbox``, ``probe``; as root, ``SandboxHost``: one warm
+interpreter forking every local worker's), ``zygote`` (the warm interpreter
+inside it, forking a kernel per notebook; and the host's loop, which forks a
+worker's interpreter into namespaces of its own), ``execute`` (cell by cell,
+with fault containment).
 
 ``engine/``: the orchestration of ``./course grade``: ``course``
 (``CourseFolder``: configuration, folders, gradebook, each notebook's

@@ -6,6 +6,8 @@ commits it (``writer``). Two implement it:
 
 - ``LocalPool`` (the default): processes on this machine, forked from a server that
   imported what grading needs once (``pool_preload``), so they share that memory;
+  as root, their sandboxes' warm interpreters are forked by one host
+  (``bubblewrap.SandboxHost``), so they share torch's memory too;
 - ``distributed.DaskCluster`` (``--scheduler``): a Dask cluster's workers.
 
 On the grading side both run the same code: a ``Station`` keeps one warm
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ..sandboxing.bubblewrap import Limits, WarmSandbox, claim_slot
+from ..sandboxing.bubblewrap import HostAddress, Limits, SandboxHost, WarmSandbox, claim_slot
 from .job import Job, Result, grade_submission
 
 
@@ -71,15 +73,25 @@ class Station:
     it starts; each notebook's limits travel with its job.
     """
 
-    def __init__(self, course_root: Path, sandboxed: bool, limits: Limits | None = None, base: Path | None = None):
+    def __init__(
+        self,
+        course_root: Path,
+        sandboxed: bool,
+        limits: Limits | None = None,
+        base: Path | None = None,
+        host: HostAddress | None = None,
+    ):
         self.course_root, self.sandboxed, self.limits = Path(course_root), sandboxed, limits or Limits()
         self.base = base or Path(tempfile.mkdtemp(prefix=f"ag-{os.getpid()}-"))
+        self.host = host  # the run's sandbox host, when one forks the interpreters
         self.idle: list[Seat] = []
         self.everyone: list[Seat] = []
         self.lock = threading.Lock()
 
     def _new(self) -> Seat:
-        sandbox = WarmSandbox(claim_slot(), self.course_root, self.limits, sandboxed=self.sandboxed, base_dir=self.base)
+        sandbox = WarmSandbox(
+            claim_slot(), self.course_root, self.limits, sandboxed=self.sandboxed, base_dir=self.base, host=self.host
+        )
         sandbox.launch()  # it imports torch while this process does other work
         seat = Seat(sandbox)
         with self.lock:
@@ -134,7 +146,9 @@ POOL_PRELOAD = ["autograder.engine.pool_preload"]
 PR_SET_PDEATHSIG = 1
 
 
-def _pool_process_init(course_root: str, limits: Limits, sandboxed: bool, base_dir: str) -> None:
+def _pool_process_init(
+    course_root: str, limits: Limits, sandboxed: bool, base_dir: str, host: HostAddress | None
+) -> None:
     """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
     import atexit
 
@@ -143,7 +157,7 @@ def _pool_process_init(course_root: str, limits: Limits, sandboxed: bool, base_d
     except Exception:
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    station = Station(Path(course_root), sandboxed, limits, Path(base_dir))
+    station = Station(Path(course_root), sandboxed, limits, Path(base_dir), host)
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
     from ..judging import judge  # noqa: F401
@@ -183,6 +197,8 @@ class LocalPool:
         from .runs import SCRATCH_PREFIX
 
         self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed
+        # As root, one warm interpreter forks every worker's (they share its memory, nothing else).
+        self.host = SandboxHost(course_root, self.base, limits) if sandboxed and os.geteuid() == 0 else None
         self.executor: futures.ProcessPoolExecutor | None = None
         self.retired: list[futures.ProcessPoolExecutor] = []
         self._launching: threading.Thread | None = None
@@ -197,6 +213,9 @@ class LocalPool:
         if self.executor is not None or self._launching is not None:
             return
         count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
+        if self.host is not None and self.host.process is None:
+            self.host.launch()  # here, not in the thread below: it lives with the thread that started it
+        host = self.host.address if self.host is not None else None
 
         def launch() -> None:
             try:
@@ -204,7 +223,7 @@ class LocalPool:
                     max_workers=count,
                     mp_context=self.context,
                     initializer=_pool_process_init,
-                    initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base)),
+                    initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base), host),
                 )
                 for _ in range(count):  # fork them all now: each warms up while we prepare the jobs
                     executor.submit(_pool_process_pid)
@@ -277,4 +296,6 @@ class LocalPool:
         for executor in self.retired:
             executor.shutdown(wait=True)
         self.retired = []
+        if self.host is not None:
+            self.host.close()
         shutil.rmtree(self.base, ignore_errors=True)

@@ -40,9 +40,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 PACKAGE = Path(__file__).resolve().parents[1]  # autograder/, code only
 SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
+HOST_BASE = "/run/grading"  # where the host's sandbox sees every worker's folder
 # Imported once per worker, before any notebook: what every graded kernel needs.
 PRELOAD = [
     "numpy",
@@ -181,9 +183,16 @@ def read_only_binds(course_root: Path) -> list[tuple[str, Path, Path]]:
 
 
 def bwrap_command(
-    course_root: Path, run_dir: Path, notebooks_dir: Path, limits: Limits, command: list[str], as_root: bool
+    course_root: Path,
+    run_dir: Path | None,
+    notebooks_dir: Path,
+    limits: Limits,
+    command: list[str],
+    as_root: bool,
+    host_base: Path | None = None,
 ) -> list[str]:
-    """The bubblewrap command line around ``command``."""
+    """The bubblewrap command line around ``command``: one worker's sandbox (``run_dir`` its
+    folder), or the host's (``host_base``: every worker's folder, mounted at ``HOST_BASE``)."""
     args = [
         _bwrap() or "bwrap",
         "--die-with-parent",
@@ -199,6 +208,8 @@ def bwrap_command(
     if as_root:
         # No user namespace: the zygote drops to its own uid itself, which needs these two.
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        if host_base is not None:  # and the host makes each worker's namespaces and mounts
+            args += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_NET_ADMIN"]
     else:
         args += ["--unshare-user"]
     args += ["--ro-bind", "/usr", "/usr"]
@@ -211,7 +222,9 @@ def bwrap_command(
     binds = read_only_binds(course_root)
     # Folders bwrap creates on its way to a mount point are root-only by default.
     folders = sorted(
-        {parent for _, _, dest in binds for parent in dest.parents} | set(notebooks_dir.parents) | set(run_dir.parents),
+        {parent for _, _, dest in binds for parent in dest.parents}
+        | set(notebooks_dir.parents)
+        | set(run_dir.parents if run_dir is not None else ()),
         key=lambda p: len(p.parts),
     )
     args += ["--proc", "/proc", "--dev", "/dev"]
@@ -226,7 +239,10 @@ def bwrap_command(
     for kind, source, dest in binds:
         args += [kind, str(source), str(dest)]
     args += ["--perms", "1777", "--size", scratch, "--tmpfs", str(notebooks_dir)]
-    args += ["--bind", str(run_dir), str(run_dir)]
+    if host_base is not None:
+        args += ["--bind", str(host_base), HOST_BASE]
+    else:
+        args += ["--bind", str(run_dir), str(run_dir)]
     args += [
         "--clearenv",
         "--setenv",
@@ -268,6 +284,13 @@ def kernel_environment(socket_path: str | None) -> dict:
     return env
 
 
+def interpreter_environment() -> dict:
+    """The warm interpreter's own environment (its kernels get ``kernel_environment``'s)."""
+    env = kernel_environment(None)
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    return env
+
+
 class WarmSandbox:
     """One worker's warm interpreter (``zygote.Zygote``), in its sandbox (or not, when unsandboxed).
 
@@ -277,13 +300,21 @@ class WarmSandbox:
     """
 
     def __init__(
-        self, slot: int, course_root: Path, limits: Limits, sandboxed: bool = True, base_dir: Path | None = None
+        self,
+        slot: int,
+        course_root: Path,
+        limits: Limits,
+        sandboxed: bool = True,
+        base_dir: Path | None = None,
+        host: HostAddress | None = None,
     ):
         self.slot = slot
         self.course_root = Path(course_root).resolve()
         self.limits = limits
         self.sandboxed = sandboxed
         self.as_root = os.geteuid() == 0
+        # Forked by the run's host (``SandboxHost``, its socket) rather than started alone in bubblewrap.
+        self.host = host if host and sandboxed and self.as_root else None
         self.uid = SANDBOX_UID + slot if self.as_root else None
         base = Path(base_dir or tempfile.mkdtemp(prefix="ag-"))
         self.base = base
@@ -301,20 +332,35 @@ class WarmSandbox:
         if self.sandboxed and not self.as_root:
             # Our own uid counts every process we already run; leave the notebook its allowance on top.
             processes += _processes_of(os.getuid())
-        env = kernel_environment(None)
-        env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-        return {
+        config = {
             "uid": self.uid if self.sandboxed else None,
             "gid": self.uid if self.sandboxed else None,
             "processes": processes if self.sandboxed else None,
             "preload": PRELOAD,
-            "env": env,
+            "env": interpreter_environment(),
             "pid_namespace": self.sandboxed,
             "wipe": ["/tmp", str(self.notebooks_dir)] if self.sandboxed else [],
             # The clean-up between notebooks leaves the grader's folders and every mount point alone
             # (a checkout or a virtualenv under /tmp is mounted inside the sandbox's /tmp)
             "keep": [str(self.base), *(str(dest) for _, _, dest in read_only_binds(self.course_root))],
         }
+        if self.host is not None:  # what the forked interpreter mounts in its own namespaces
+            config.update(
+                {
+                    "run_dir": str(self.run_dir),
+                    "inside": f"{HOST_BASE}/{self.run_dir.name}",
+                    "host_base": HOST_BASE,
+                    "log": f"{HOST_BASE}/w{self.slot}.log",
+                    "notebooks_dir": str(self.notebooks_dir),
+                    "scratch_bytes": self.limits.scratch_mb * 1024 * 1024,
+                    "rebind": [
+                        str(dest)
+                        for _, _, dest in read_only_binds(self.course_root)
+                        if dest.is_relative_to("/tmp") and dest != Path("/tmp")
+                    ],
+                }
+            )
+        return config
 
     def work_dir(self, assignment: str) -> Path:
         """The notebook's working folder: where the released notebook would sit, in the
@@ -351,8 +397,10 @@ class WarmSandbox:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.base, 0o755)
         self.own(self.run_dir, writable=False)
-        log = open(self.base / f"w{self.slot}.log", "ab")
         self.launches += 1
+        if self.host is not None:
+            return  # the host forks it when ``wait_ready`` asks
+        log = open(self.base / f"w{self.slot}.log", "ab")
         env = {**os.environ, "OMP_NUM_THREADS": "1"} if not self.sandboxed else None
         self.process = subprocess.Popen(
             self.command(),
@@ -366,6 +414,18 @@ class WarmSandbox:
         log.close()
 
     def wait_ready(self, timeout: float = 300.0) -> None:
+        if self.host is not None and self.process is None:
+            try:
+                self.process = HostedInterpreter.ask(self.host, self._config(), self.uid, timeout)
+                self._interpreter_pid = self.process.pid
+                self.info = self.process.ready
+                return
+            except (OSError, ValueError) as error:
+                # Without its host (it could not start, or it died), the worker starts a sandbox of its own.
+                with open(self.base / f"w{self.slot}.log", "a") as log:
+                    log.write(f"no interpreter from the sandbox host ({error}); this worker starts its own\n")
+                self.host = None
+                self.launch()
         line = self._read(timeout)
         if not line:
             self.close()
@@ -406,6 +466,9 @@ class WarmSandbox:
 
     def close(self) -> None:
         self._interpreter_pid = None
+        if isinstance(self.process, HostedInterpreter):
+            self.process.close()  # pid 1 of its namespaces: everything it started goes with it
+            self.process = None
         if self.process is not None:
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -459,6 +522,8 @@ class WarmSandbox:
 
     def _wake(self) -> None:
         """Let the interpreter run if a kernel stopped it (SIGSTOP): a stop costs nothing then."""
+        if isinstance(self.process, HostedInterpreter):
+            return  # pid 1 of its own namespace: nothing inside can stop it
         if self._interpreter_pid is None and self.process is not None:
             self._interpreter_pid = _descendant_running(self.process.pid, "autograder.sandboxing.zygote")
         if self._interpreter_pid is not None:
@@ -492,6 +557,137 @@ class WarmSandbox:
             self.retired += 1
             self.close()
         return reply
+
+
+class HostedInterpreter:
+    """A worker's interpreter that the host forked: the part of a ``Popen`` that ``WarmSandbox`` uses.
+
+    It speaks on a socket instead of stdin/stdout, and it is known by a pidfd
+    (its pid as this machine numbers it comes with the credentials the kernel
+    attaches to its first line), so it is never confused with a later process.
+    """
+
+    def __init__(self, channel, pid: int, ready: dict):
+        self.channel, self.pid, self.ready = channel, pid, ready
+        self.pidfd = os.pidfd_open(pid)
+        self.stdin = channel.makefile("wb")
+        self.stdout = channel.makefile("rb")
+
+    @classmethod
+    def ask(cls, host: HostAddress, config: dict, uid: int | None, timeout: float) -> HostedInterpreter:
+        """Connect to the host (waiting while it warms up), send the worker's configuration, and
+        read the forked interpreter's first line."""
+        import socket
+        import struct
+
+        deadline = time.monotonic() + timeout
+        while True:
+            channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                channel.connect(str(host.socket))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                channel.close()
+                if time.monotonic() > deadline or not _running(host.pid):
+                    raise OSError("the sandbox host is not running") from None
+                time.sleep(0.05)
+        try:
+            channel.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            channel.sendall((json.dumps(config) + "\n").encode("utf-8"))
+            data, pid = b"", None
+            while not data.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([channel], [], [], left)[0]:
+                    raise OSError("the forked interpreter did not answer")
+                chunk, ancillary, _, _ = channel.recvmsg(4096, socket.CMSG_SPACE(struct.calcsize("3i")))
+                if not chunk:
+                    raise OSError("the forked interpreter ended before it was ready")
+                for level, kind, payload in ancillary:
+                    if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and pid is None:
+                        pid, sender_uid, _ = struct.unpack("3i", payload[:12])
+                        if uid is not None and sender_uid != uid:
+                            raise OSError(f"the forked interpreter runs as uid {sender_uid}, not {uid}")
+                data += chunk
+            if not pid:
+                raise OSError("the forked interpreter's process is unknown")
+            return cls(channel, pid, json.loads(data))
+        except BaseException:
+            channel.close()
+            raise
+
+    def poll(self) -> int | None:
+        return 0 if select.select([self.pidfd], [], [], 0)[0] else None
+
+    def close(self) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        select.select([self.pidfd], [], [], 10)
+        for stream in (self.stdin, self.stdout, self.channel):
+            try:
+                stream.close()
+            except Exception:
+                pass
+        os.close(self.pidfd)
+
+
+class HostAddress(NamedTuple):
+    """Where a worker asks the run's sandbox host for its interpreter, and the host's process."""
+
+    socket: Path
+    pid: int
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class SandboxHost:
+    """One warm interpreter for every local worker of a run, as root (``zygote.host``).
+
+    It imports torch and the kernel machinery once, in a bubblewrap sandbox of
+    its own that sees every worker's folder, and forks each worker's interpreter
+    into namespaces, folders and a user of that worker's own: the workers share
+    its memory and nothing else. Started from the thread that lives as long as
+    the run (bubblewrap dies with the thread that started it).
+    """
+
+    def __init__(self, course_root: Path, base: Path, limits: Limits):
+        self.course_root, self.base, self.limits = Path(course_root).resolve(), Path(base), limits
+        self.socket = self.base / "host.sock"
+        self.process: subprocess.Popen | None = None
+
+    def launch(self) -> None:
+        config = {"socket": f"{HOST_BASE}/host.sock", "preload": PRELOAD, "env": interpreter_environment()}
+        inner = [sys.executable, "-s", "-m", "autograder.sandboxing.zygote", "--host", json.dumps(config)]
+        command = bwrap_command(
+            self.course_root, None, self.course_root / "notebooks", self.limits, inner, True, host_base=self.base
+        )
+        with open(self.base / "host.log", "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+            )
+
+    @property
+    def address(self) -> HostAddress:
+        assert self.process is not None, "launch() first"
+        return HostAddress(self.socket, self.process.pid)
+
+    def close(self) -> None:
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            self.process.wait()
+            self.process.stdin.close()
+            self.process = None
 
 
 class SandboxGone(RuntimeError):

@@ -24,12 +24,15 @@ falls out of step.
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
 bubblewrap (``bubblewrap.bwrap_command``) where those paths do not exist.
-Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``.
+Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``; or, as root,
+``... zygote --host CONFIG_JSON``: one warm interpreter for every local worker
+(``host`` below), which forks each worker's into namespaces of its own.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import json
 import os
@@ -174,6 +177,19 @@ def _wipe(folder: str, keep=(), budget: list[int] | None = None) -> bool:
     return clean
 
 
+def _child(body, what: str) -> None:
+    """In a forked child: run ``body``, then exit; never return into the parent's loop, whatever happens."""
+    try:
+        body()
+    except BaseException as error:
+        try:
+            sys.__stderr__.write(f"{what} failed: {error!r}\n")
+        except Exception:
+            pass
+        os._exit(70)
+    os._exit(0)
+
+
 def _plain_python_signals() -> None:
     """The signal dispositions a freshly started Python has (what a kernel in plain Jupyter meets).
 
@@ -307,14 +323,7 @@ class Zygote:
         if pid:
             self.children[pid] = None
             return pid
-        try:
-            self._become_kernel(request)
-        except BaseException as error:  # never return into the zygote's loop
-            try:
-                sys.__stderr__.write(f"kernel start failed: {error!r}\n")
-            except Exception:
-                pass
-        os._exit(70)
+        _child(lambda: self._become_kernel(request), "kernel start")
 
     def _become_kernel(self, request: dict) -> None:
         """In the forked child: own session, limits, folder, environment; then ipykernel."""
@@ -412,9 +421,11 @@ class Zygote:
             return {"pid": os.getpid()}
         raise ValueError(f"unknown request {op!r}")
 
-    def serve(self) -> None:
-        control_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
-        control_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    def serve(self, control_in=None, control_out=None) -> None:
+        """Answer requests until the grader hangs up: on stdin/stdout, or on the given channel."""
+        if control_in is None:
+            control_in = os.fdopen(os.dup(0), "r", encoding="utf-8")
+            control_out = os.fdopen(os.dup(1), "w", encoding="utf-8")
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)
@@ -431,8 +442,8 @@ class Zygote:
             control_out.flush()
 
 
-def main() -> None:
-    config = json.loads(sys.argv[1])
+def _settle(config: dict) -> None:
+    """Become the worker's interpreter: its own user, undumpable, its process limit, its environment."""
     _drop_privileges(config.get("uid"), config.get("gid"))
     _prctl(PR_SET_DUMPABLE, 0)  # kernels of the same uid cannot ptrace or read our memory
     limit = config.get("processes")
@@ -440,6 +451,14 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(config.get("env", {}))
+
+
+def main() -> None:
+    if sys.argv[1] == "--host":
+        host(json.loads(sys.argv[2]))
+        return
+    config = json.loads(sys.argv[1])
+    _settle(config)
     timings = _warm_up(config.get("preload", []))
     # What is loaded now stays out of the collector's reach: a collection in a forked kernel would
     # otherwise write to every object's header and copy the pages it shares with this process.
@@ -448,6 +467,146 @@ def main() -> None:
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     Zygote(config).serve()
+
+
+# ---------------------------------------------------------------- one warm interpreter for every worker
+#
+# As root, one interpreter (the host) imports torch and the kernel machinery for all the
+# workers of a run, in a bubblewrap sandbox of its own that may make namespaces and mounts.
+# For each worker that connects it forks that worker's interpreter, which leaves the host's
+# namespaces for new ones of its own before it runs anything else: its own processes (it is
+# their pid 1: nothing inside can stop or kill it), its own /tmp and notebook folder (fresh
+# tmpfs), its own network and IPC, only its own worker folder of the grader's (the others and
+# the host's socket are unmounted), then its own user. Workers share the host's memory (forked
+# copies) and nothing else.
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
+    encode = lambda text: text.encode() if text is not None else None  # noqa: E731
+    if _libc().mount(encode(source), encode(target), encode(kind), flags, encode(data)) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"mount {source} on {target}: {os.strerror(number)}")
+
+
+def _unmount(target: str) -> None:
+    if _libc().umount2(target.encode(), MNT_DETACH) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"unmount {target}: {os.strerror(number)}")
+
+
+def _folder(path: str) -> None:
+    """``path`` and its missing parents, as bubblewrap makes them (root's, readable by all)."""
+    os.makedirs(path, mode=0o755, exist_ok=True)
+
+
+def _loopback_up() -> None:
+    """The new network namespace's loopback interface up, as bubblewrap leaves it."""
+    import fcntl
+    import socket
+    import struct
+
+    request = struct.pack("16sh14x", b"lo", 0)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        flags = struct.unpack("16sh14x", fcntl.ioctl(probe, 0x8913, request))[1]  # SIOCGIFFLAGS
+        fcntl.ioctl(probe, 0x8914, struct.pack("16sh14x", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
+
+
+def _own_namespaces(config: dict) -> None:
+    """In the worker's new mount namespace (pid 1 of its new pid namespace): its own folders."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    scratch = f"size={config['scratch_bytes']},mode=1777"
+    held = "/run/host-tmp"
+    _folder(held)
+    _mount("/tmp", held, None, MS_BIND | MS_REC)  # what bubblewrap mounted under /tmp (a checkout there)
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    for dest in sorted(config.get("rebind", []), key=lambda path: path.count("/")):
+        _folder(dest)
+        _mount(held + dest[len("/tmp") :], dest, None, MS_BIND | MS_REC)
+        _mount(None, dest, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    _unmount(held)
+    os.rmdir(held)
+    _folder(config["run_dir"])
+    _mount(config["inside"], config["run_dir"], None, MS_BIND)
+    _unmount(config["host_base"])  # the other workers' folders and the host's socket
+    _folder(config["notebooks_dir"])
+    _mount("tmpfs", config["notebooks_dir"], "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    try:
+        _loopback_up()
+    except OSError:
+        pass
+
+
+def _hatch(channel, host_config: dict) -> None:
+    """In a child of the host: read the worker's configuration, leave for new namespaces, serve it."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # with the host
+    reader = channel.makefile("r", encoding="utf-8")
+    writer = channel.makefile("w", encoding="utf-8")
+    config = {**host_config, **json.loads(reader.readline())}
+    log = os.open(config["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 2)
+    os.close(log)
+    if _libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC) != 0:
+        raise OSError(ctypes.get_errno(), "unshare")
+    child = os.fork()  # the first process of a new pid namespace is its pid 1
+    if child:
+        for stream in (reader, writer, channel):  # the grader sees the channel close when the worker ends
+            stream.close()
+        status = os.waitpid(child, 0)[1]
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # with the process above (and so with the host)
+    os.setsid()
+    _own_namespaces(config)
+    _settle(config)
+    # The grader learns which process this is (as its own machine numbers it) from the
+    # credentials the kernel attaches to this line.
+    writer.write(json.dumps({"ready": True, "pid": os.getpid(), "uid": os.getuid(), "imports": {}}) + "\n")
+    writer.flush()
+    Zygote(config).serve(reader, writer)
+
+
+def host(config: dict) -> None:
+    """The host's loop: warm up once, then fork one interpreter per worker that connects."""
+    import select
+    import socket
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.update(config.get("env", {}))
+    timings = _warm_up(config.get("preload", []))
+    gc.freeze()
+    _prctl(PR_SET_DUMPABLE, 0)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(config["socket"])
+    os.chmod(config["socket"], 0o600)
+    listener.listen(64)
+    sys.stdout.write(json.dumps({"ready": True, "pid": os.getpid(), "imports": timings}) + "\n")
+    sys.stdout.flush()
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [], 1.0)
+        while True:  # the workers' processes that ended
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        if sys.stdin in readable and not sys.stdin.readline():
+            return  # the grader is gone
+        if listener in readable:
+            channel, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                _child(functools.partial(_hatch, channel, config), "worker interpreter")
+            channel.close()
 
 
 if __name__ == "__main__":
