@@ -36,7 +36,8 @@ with fault containment).
 
 ``engine/``: the orchestration of ``./course grade``: ``course``
 (``CourseFolder``: configuration, folders, gradebook, each notebook's
-snapshot), ``collect`` (finds submissions), ``job`` (the unit of work: one
+snapshot), ``runs`` (one run at a time per course, its scratch, its outputs
+checked first), ``collect`` (finds submissions), ``job`` (the unit of work: one
 notebook in, one result out, feedback included), ``runners`` (the runner
 contract, the warm-sandbox ``Station`` both runners grade with, the local
 pool), ``pool_preload`` (what the local pool's fork server imports once, so
@@ -44,6 +45,8 @@ its processes share it), ``distributed`` (the Dask runner), ``identity`` (the
 one digest of the grading code).
 
 Entry points: ``grade`` (``./course grade``: ``main`` reads as its steps),
-``release`` (``./course generate``). The benchmark (``tests/bench_grading.py``)
-and the tests' local Dask cluster (``tests/local_cluster.py``) live with the tests.
+``release`` (``./course generate``). In the learner's own kernel, outside any
+grading: ``selfstudy`` (the grader's diagnosis, solutions after trying,
+progress). The benchmark (``tests/bench_grading.py``) and the tests' local
+Dask cluster (``tests/local_cluster.py``) live with the tests.
 """
