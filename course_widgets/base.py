@@ -163,6 +163,11 @@ class Explorer(widgets.VBox):
             canvas.footer_visible = False
             canvas.toolbar_visible = False
             canvas.resizable = False
+            # Until the page's view says it is ready, ipympl keeps each frame it draws in the canvas's
+            # `_data_url` as bare base64, without its "data:image/png;base64," prefix; a view made after
+            # that (a slow page) cannot load it and stays blank. Frames reach the page as binary messages
+            # anyway, so that copy is not kept at all.
+            canvas.syncing_data_url = False
             view = canvas
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
