@@ -144,3 +144,14 @@ def test_figures_are_laid_out_once_not_on_every_draw(solved):
         box = axes.get_tightbbox(renderer)
         assert widget.figure.bbox.x0 <= box.x0 and box.x1 <= widget.figure.bbox.x1
         assert widget.figure.bbox.y0 <= box.y0 and box.y1 <= widget.figure.bbox.y1
+
+
+def test_a_picture_drawn_before_the_page_is_ready_leaves_no_broken_image(ipympl_canvas, solved):
+    """Until the page's view says it is ready, ipympl stores what it sends as the canvas's `_data_url`,
+    in bare base64 (no "data:" prefix): a view created afterwards, on a slow page, cannot load that
+    image and stays blank. A widget's first pictures leave no such copy behind."""
+    widget = AttentionHeatmap(solved.attention_weights, solved.attention, X, X, V)
+    canvas = widget.figure.canvas
+    canvas.draw()
+    canvas.manager.refresh_all()  # the picture goes out before any page has said it is ready
+    assert canvas._data_url is None or canvas._data_url.startswith("data:image/png;base64,")
