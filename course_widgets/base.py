@@ -86,6 +86,13 @@ def explain_unfinished():
         )
 
 
+def _prefixed_data_url(canvas, proposal):
+    value = proposal["value"]
+    if isinstance(value, str) and value and not value.startswith("data:"):
+        return "data:image/png;base64," + value
+    return value
+
+
 def _is_widget_canvas(canvas) -> bool:
     return isinstance(canvas, widgets.DOMWidget)
 
@@ -165,9 +172,8 @@ class Explorer(widgets.VBox):
             canvas.resizable = False
             # Until the page's view says it is ready, ipympl keeps each frame it draws in the canvas's
             # `_data_url` as bare base64, without its "data:image/png;base64," prefix; a view made after
-            # that (a slow page) cannot load it and stays blank. Frames reach the page as binary messages
-            # anyway, so that copy is not kept at all.
-            canvas.syncing_data_url = False
+            # that (a slow page) cannot load it and stays blank. The copy gets its prefix as it is set.
+            canvas._register_validator(_prefixed_data_url, ["_data_url"])
             view = canvas
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
