@@ -46,7 +46,7 @@ PR_SET_DUMPABLE = 4
 
 def _prctl(option: int, value: int) -> None:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+        _libc().prctl(option, value, 0, 0, 0)
     except Exception:
         pass
 
