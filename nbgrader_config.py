@@ -21,7 +21,7 @@ c.CourseDirectory.release_directory = os.path.join(here, "notebooks")
 # code runs, so a notebook that patches torch or numpy cannot fool the checks.
 c.Execute.extra_arguments = [
     "--HistoryManager.hist_file=:memory:",
-    "--IPKernelApp.exec_lines=import autograder.trusted",
+    "--IPKernelApp.exec_lines=import course_checks.kernel_boot",
 ]
 
 # Feedback shows each check's outcome and message, never hidden test code.

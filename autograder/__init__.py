@@ -50,3 +50,9 @@ grading: ``selfstudy`` (the grader's diagnosis, solutions after trying,
 progress). The benchmark (``tests/bench_grading.py``) and the tests' local
 Dask cluster (``tests/local_cluster.py``) live with the tests.
 """
+
+from pathlib import Path
+
+# The checkout this grader runs from (an editable install): the default course folder, and the
+# folder beside which grading workers find assets/.
+REPOSITORY = Path(__file__).resolve().parent.parent

@@ -3,18 +3,22 @@
 ``close`` says in words how one output differs from the expected one (its
 kind, shape, values); ``disagreement`` goes over every case of an exercise and,
 when some differ, looks through the exercise's catalogue of known mistakes for
-one whose mutant reproduces every difference. Under stock nbgrader this runs in
-the learner's kernel (``checks.check``); under ``./course grade`` it runs only
-outside, in the judge (``autograder.judging.judge``).
+one whose mutant reproduces every difference. Under ``./course grade`` it runs only
+outside the sandbox, in the judge (``autograder.judging.judge``); under stock nbgrader
+and in self-study, in the learner's kernel (``autograder.local_judge``).
+
+A message about a catalogued mistake ends with its ``[mistake:<id>]`` (``messages``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-from . import trusted
-from .exercises.catalogue import Case, Exercise, Mistake
+from course_checks import trusted
+from course_checks.cases import Case
+
+from .exercises.catalogue import Exercise, Mistake
+from .messages import tagged
 
 
 def _as_tensor(value):
@@ -146,7 +150,7 @@ def disagreement(exercise: Exercise, cases, outputs, expected, ref, predict=None
         return None
     for mistake in exercise.mistakes:
         if matches_mistake(mistake, ref, failing, exercise, predict):
-            return f"`{exercise.name}`: {mistake.name}. {mistake.hint} [mistake:{mistake.id}]"
+            return tagged(f"`{exercise.name}`: {mistake.name}. {mistake.hint}", mistake.id)
     return (
         f"`{exercise.name}` does not match the reference {first_problem} ({len(failing)} of the checked inputs differ)."
     )
@@ -161,19 +165,3 @@ def reference_outputs(exercise: Exercise, ref_function, cases) -> list:
             raise RuntimeError(f"the reference {exercise.name} failed on {case.label}") from error
         expected.append(output)
     return expected
-
-
-def tampering_message(tampered: Sequence[str]) -> str:
-    shown = ", ".join(tampered[:5]) + (" ..." if len(tampered) > 5 else "")
-    return (
-        f"This notebook replaced functions the checks rely on ({shown}), so no check "
-        "in it can be trusted and it gets no points for them; it is flagged for review. "
-        "[mistake:tampering]"
-    )
-
-
-def finish(name: str, problem: str | None) -> str | None:
-    """The learner-facing message for a failed check (None when it passed)."""
-    if not problem:
-        return None
-    return problem if problem.startswith("`") else f"`{name}`: {problem}"

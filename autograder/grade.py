@@ -32,12 +32,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import REPOSITORY
 from .engine.collect import Collection, collect
 from .engine.course import CourseFolder
 from .engine.job import Job, Result
 from .sandboxing.bubblewrap import Limits, probe
 
-REPOSITORY = Path(__file__).resolve().parent.parent
 _T0 = time.monotonic()
 
 

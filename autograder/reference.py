@@ -1,30 +1,28 @@
-"""Where the reference solutions come from: ``solutions/``, the one source.
+"""Where the reference solutions come from: the solution notebooks, the one source.
 
-``load(assignment)`` executes the reference notebook's setup cells (read-only
-code cells whose nbgrader ``grade_id`` starts with ``setup``) and its answer
-cells, in notebook order, into a fresh module, and returns that module. There
-is no second copy of any solution anywhere.
+``load(assignment, solutions)`` executes the reference notebook's setup cells
+(read-only code cells whose nbgrader ``grade_id`` starts with ``setup``) and its
+answer cells, in notebook order, into a fresh module, and returns that module.
+There is no second copy of any solution anywhere.
 
-This is the only place that knows where the reference lives:
-``AUTOGRADER_SOLUTIONS`` points it at another folder, and the sandboxed grader
-(``autograder.grade``), whose notebooks never see ``solutions/``, reads the
-reference cells here (``source_cells``) in the trusted process and hands them to
-its workers as data (``provide``); inside the sandbox, ``build`` makes a module
-of only the cells a check may reveal (its exercise's dependencies).
+The caller says where the solutions are: the course folder's source directory
+(``engine.course.CourseFolder.source``) for the grade command, the ``solutions/``
+above a learner's notebook for the in-kernel judge (``local_judge``). The
+sandboxed grader reads the reference cells in the trusted process
+(``source_cells``) and builds its judges' modules from them (``from_cells``);
+only the cells of an exercise's dependencies ever travel into a sandbox.
 """
+
+from __future__ import annotations
 
 import functools
 import json
-import os
-import sys
 import types
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+from course_checks.modules import module_from_cells
 
-
-def solutions_dir() -> Path:
-    return Path(os.environ.get("AUTOGRADER_SOLUTIONS", REPOSITORY / "solutions"))
+from . import REPOSITORY
 
 
 def reference_cells(notebook: dict):
@@ -41,36 +39,33 @@ def reference_cells(notebook: dict):
             yield grade_id, "".join(source) if isinstance(source, list) else source
 
 
-_provided: dict[str, list] = {}
+def notebook_path(assignment: str, solutions: Path | None = None) -> Path:
+    """``assignment``'s solution notebook in ``solutions``; by default this checkout's ``solutions/``."""
+    folder = REPOSITORY / "solutions" if solutions is None else Path(solutions)
+    return folder / assignment / f"{assignment}.ipynb"
 
 
-def source_cells(assignment: str) -> list[tuple[str, str]]:
+def source_cells(assignment: str, solutions: Path | None = None) -> list[tuple[str, str]]:
     """(grade_id, source) of the reference cells of ``assignment``, read from the solutions folder."""
-    path = solutions_dir() / assignment / f"{assignment}.ipynb"
+    path = notebook_path(assignment, solutions)
     if not path.is_file():
         raise FileNotFoundError(f"no reference notebook for {assignment!r} at {path}")
     return list(reference_cells(json.loads(path.read_text(encoding="utf-8"))))
 
 
-def provide(assignment: str, cells) -> None:
-    """Use ``cells`` ((grade_id, source) pairs) as the reference of ``assignment`` from now on."""
-    _provided[assignment] = [tuple(cell) for cell in cells]
-    load.cache_clear()
+def from_cells(assignment: str, cells) -> types.ModuleType:
+    """The reference module of ``assignment`` made from its cells ((grade_id, source) pairs)."""
+    return module_from_cells(assignment, [tuple(cell) for cell in cells])
 
 
-def build(assignment: str, cells) -> types.ModuleType:
-    """A fresh module made by executing ``cells`` in order, registered in ``sys.modules``."""
-    module = types.ModuleType(f"autograder.reference_{assignment}")
-    sys.modules[module.__name__] = module  # dataclasses and pickle look their module up here
-    for grade_id, source in cells:
-        exec(compile(source, f"<reference {assignment}:{grade_id}>", "exec"), module.__dict__)
-    return module
+def load(assignment: str, solutions: Path | None = None) -> types.ModuleType:
+    """The reference module of ``assignment`` from the solution notebook in ``solutions`` (built once);
+    by default this checkout's ``solutions/``."""
+    return _load(notebook_path(assignment, solutions).resolve(), assignment)
 
 
 @functools.cache
-def load(assignment: str) -> types.ModuleType:
-    if assignment in _provided:
-        return build(assignment, _provided[assignment])
-    module = build(assignment, source_cells(assignment))
-    module.__file__ = str(solutions_dir() / assignment / f"{assignment}.ipynb")
+def _load(path: Path, assignment: str) -> types.ModuleType:
+    module = from_cells(assignment, source_cells(assignment, path.parent.parent))
+    module.__file__ = str(path)
     return module

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .reference import REPOSITORY
+from . import REPOSITORY
 
 SOLUTIONS = REPOSITORY / "solutions"
 NOTEBOOKS = REPOSITORY / "notebooks"

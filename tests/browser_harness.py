@@ -195,9 +195,16 @@ class LabNotebook:
         ).all_inner_texts()
 
 
-def link_assets(root: Path) -> Path:
-    """Give a lab root the repository's assets/ (linked), as notebooks expect beside them."""
+def link_assets(root: Path, solutions: bool = True) -> Path:
+    """Give a lab root the repository's assets/ (linked), as notebooks expect beside them; and, as in a
+    clone (self-study), each solution notebook at solutions/<assignment>/<assignment>.ipynb (linked files
+    in folders of the lab's own, so notebooks placed beside them never land in the repository)."""
     (root / "assets").symlink_to(REPOSITORY / "assets", target_is_directory=True)
+    if solutions:
+        for notebook in sorted((REPOSITORY / "solutions").glob("*/*.ipynb")):
+            folder = root / "solutions" / notebook.parent.name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / notebook.name).symlink_to(notebook)
     return root
 
 

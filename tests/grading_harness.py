@@ -36,15 +36,11 @@ UNTOUCHED = object()  # answers value: keep the student version's stub
 def nbgrader(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
     """Run the real ``nbgrader`` command line from the course folder ``cwd``.
 
-    The kernels it starts take their reference solutions from that course's
-    own ``solutions/`` (``AUTOGRADER_SOLUTIONS``), so the copy is self-contained.
+    The kernels it starts (in the copy's ``coursework/autograded/...``) find the reference
+    solutions in the copy's own ``solutions/`` above them, so the copy is self-contained.
     """
     command = [str(Path(sys.executable).parent / "nbgrader"), *args]
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "AUTOGRADER_SOLUTIONS": str(Path(cwd) / "solutions"),
-    }
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(

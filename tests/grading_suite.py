@@ -139,7 +139,7 @@ class GradingSuite:
         students = ["reference", "untouched", *self.mistakes]
         for student in students:
             cells = graded.autograded(student, self.assignment)["cells"]
-            assert any("autograder.selfstudy" in "".join(c["source"]) for c in cells)
+            assert any("course_checks.selfstudy" in "".join(c["source"]) for c in cells)
             shown = json.dumps([c.get("outputs", []) for c in cells])
             for line in ("Self-check", "Class mode", "Reference solution", "Your progress", "Try `"):
                 assert line not in shown, f"{student}'s graded notebook shows {line!r}"
@@ -148,5 +148,5 @@ class GradingSuite:
         students = ["reference", "untouched", *self.mistakes, *self.alternatives, "patches-allclose"]
         for student in students:
             page = graded.feedback(student, self.assignment)
-            for secret in ("HIDDEN TESTS", "autograder.checks", "checks.py", "check(&quot;", 'check("'):
+            for secret in ("HIDDEN TESTS", "course_checks.checks", "checks.py", "check(&quot;", 'check("'):
                 assert secret not in page, f"{student}'s feedback shows {secret!r}"

@@ -169,10 +169,9 @@ def test_a_self_learner_gets_hints_the_diagnosis_the_solution_after_trying_and_p
 
 @pytest.fixture(scope="module")
 def class_lab(tmp_path_factory):
-    """JupyterLab whose kernels find no solutions/ (an instructor's release): class mode."""
-    root = link_assets(tmp_path_factory.mktemp("class-lab"))
-    nowhere = tmp_path_factory.mktemp("no-solutions")
-    with JupyterLab(root, env={"AUTOGRADER_SOLUTIONS": str(nowhere)}) as server:
+    """JupyterLab whose notebooks have no solutions/ above them (an instructor's release): class mode."""
+    root = link_assets(tmp_path_factory.mktemp("class-lab"), solutions=False)
+    with JupyterLab(root) as server:
         yield server
 
 

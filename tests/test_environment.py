@@ -300,12 +300,16 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
 
 
 def extra(name: str) -> dict:
-    """The pins of pyproject's optional dependencies `name` (`pip install ".[name]"`), its own extras included."""
+    """The pins of what `pip install` takes for the set `name`: the course's optional dependencies
+    `student` (`pip install ".[student]"`), the grader distribution's dependencies for `grader`
+    (`pip install ./autograder`), each with the course's extras it names."""
     import tomllib
 
     project = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]
+    grader = tomllib.loads((REPOSITORY / "autograder" / "pyproject.toml").read_text())["project"]
+    lines = grader["dependencies"] if name == "grader" else project["optional-dependencies"][name]
     found = {}
-    for line in project["optional-dependencies"][name]:
+    for line in lines:
         requirement = Requirement(line)
         if requirement.name == project["name"]:
             for included in requirement.extras:

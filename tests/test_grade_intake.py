@@ -613,21 +613,20 @@ def test_fuzz_class_zips_never_crash_the_intake_or_move_a_grade(template, refere
     assert outcomes["collected"] > ZIP_MUTATIONS // 2
 
 
-def _spec(template: Path, monkeypatch):
+def _spec(template: Path):
     from autograder.engine.course import CourseFolder
     from autograder.sandboxing.bubblewrap import Limits
 
-    monkeypatch.setenv("AUTOGRADER_SOLUTIONS", str(template / "solutions"))
     return CourseFolder(template).spec(ASSIGNMENT, ASSIGNMENT, Limits())
 
 
-def test_fuzz_notebooks_are_rejected_or_graded_for_the_instructors_points(template, reference_bytes, monkeypatch):
+def test_fuzz_notebooks_are_rejected_or_graded_for_the_instructors_points(template, reference_bytes):
     """Seeded random mutations of a valid notebook through the step that reads, restores and
     sanitizes a submission before it runs: a clear rejection, or a notebook whose graded cells
     are exactly the assignment's, with the assignment's points."""
     from autograder.engine.job import Job, Rejected, Result, prepare
 
-    spec = _spec(template, monkeypatch)
+    spec = _spec(template)
     points = {c.name: c.max_score for c in spec.view.notebook.grade_cells}
     rng = random.Random(SEED)
     outcomes: dict[str, list[int]] = {}

@@ -1,7 +1,7 @@
 """A real Postgres gradebook, and what stock nbgrader pays a submission that rebinds the check helper.
 
 One small class of notebook 01 (a right submission, one with a wrong softmax, and the
-hostile catalogue's ``redefines-check``: ``autograder.checks.check`` rebound to a no-op,
+hostile catalogue's ``redefines-check``: ``course_checks.checks.check`` rebound to a no-op,
 with wrong answers) is graded four times, each in its own copy of the course:
 ``./course grade`` and stock ``nbgrader autograde``, each into SQLite and into a
 throwaway PostgreSQL server (Debian's, which ``./course test`` installs where it can,

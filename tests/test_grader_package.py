@@ -1,8 +1,9 @@
-"""The grading package as an instructor's JupyterHub installs it: `pip install ".[grader]"`.
+"""The grading package as an instructor's JupyterHub installs it: `pip install ./autograder` (and the course).
 
-Into a fresh venv (no system packages): pip, from its configured sources, resolves the built
-wheel with its `grader` extra to exactly the grader lock's versions (a dry run: installing
-them all again would cost minutes and a gigabyte here); the wheel itself is installed, and
+Into a fresh venv (no system packages): pip, from its configured sources and the two built wheels
+(the grader's and the learner's kernel side it depends on), resolves the grader to exactly the
+grader lock's versions (a dry run: installing them all again would cost minutes and a gigabyte
+here); the wheels themselves are installed, and
 from a folder outside the checkout the installed `autograder` (not the checkout's) imports
 every part of ``./course grade``, with those same versions (this checkout's .venv) on its path,
 and runs its command line.
@@ -22,7 +23,7 @@ import pytest
 REPOSITORY = Path(__file__).resolve().parent.parent
 # every module ./course grade imports, in each layer, and the Postgres driver
 IMPORTS = (
-    "autograder.grade, autograder.release, autograder.checks, autograder.trusted, autograder.verdict, "
+    "autograder.grade, autograder.release, autograder.local_judge, course_checks.kernel_boot, course_checks.verdict, "
     "autograder.engine.course, autograder.engine.collect, autograder.engine.runners, "
     "autograder.engine.distributed, autograder.judging.writer, autograder.judging.report, "
     "autograder.judging.feedback, autograder.sandboxing.bubblewrap, autograder.sandboxing.zygote, "
@@ -48,14 +49,19 @@ def site_packages(python: Path) -> str:
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     base = tmp_path_factory.mktemp("package")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist", REPOSITORY, cwd=base)
-    [wheel] = (base / "dist").glob("*.whl")
+    for project in (REPOSITORY, REPOSITORY / "autograder"):
+        run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist", project, cwd=base)
+    [wheel] = (base / "dist").glob("attention_transformers_grader-*.whl")
+    [course_wheel] = (base / "dist").glob("attention_transformers_course-*.whl")
     run(sys.executable, "-m", "venv", base / "venv", cwd=base)
     python = base / "venv" / "bin" / "python"
     pip = (python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check")
-    run(*pip, "--dry-run", "--ignore-installed", "--report", base / "report.json", f"{wheel}[grader]", cwd=base)
-    report = json.loads((base / "report.json").read_text())
-    run(*pip, "--no-deps", "--no-compile", wheel, cwd=base)
+    report_file = base / "report.json"
+    run(
+        *pip, "--dry-run", "--ignore-installed", "--report", report_file, "--find-links", base / "dist", wheel, cwd=base
+    )
+    report = json.loads(report_file.read_text())
+    run(*pip, "--no-deps", "--no-compile", wheel, course_wheel, cwd=base)
     outside = base / "elsewhere"
     outside.mkdir()
     return python, wheel, report, outside
@@ -69,6 +75,7 @@ def test_pip_install_grader_extra_resolves_to_the_grader_lock(installed):
         item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in report["install"]
     }
     assert resolved.pop("attention-transformers-course") == "0.1.0"
+    assert resolved.pop("attention-transformers-grader") == "0.1.0"
     assert resolved.pop("torch").split("+")[0] == pins("grader")["torch"]  # the lock leaves torch out
     assert resolved == {name.replace("_", "-"): version for name, version in locked_versions("grader").items()}
 
@@ -82,9 +89,12 @@ def test_the_wheel_holds_every_grading_subpackage(installed):
         "autograder/judging",
         "autograder/sandboxing",
         "autograder/exercises",
-        "course_widgets",
     ):
         assert f"{package}/__init__.py" in names, package
+    # every folder of the package is in the wheel (autograder/pyproject.toml lists them by hand)
+    for init in (REPOSITORY / "autograder").rglob("__init__.py"):
+        assert f"autograder/{init.relative_to(REPOSITORY / 'autograder')}" in names, init
+    assert not [name for name in names if name.startswith(("course_widgets/", "course_checks/"))]
 
 
 def test_the_installed_package_imports_every_part_of_the_grader(installed):

@@ -8,8 +8,9 @@ import pytest
 import torch
 from grading_suite import GradingSuite
 
-from autograder import checks, compare, reference
+from autograder import compare, reference
 from autograder.exercises import causal_masking
+from autograder.local_judge import judge_function
 
 ASSIGNMENT = "02_causal_masking"
 
@@ -301,10 +302,8 @@ def test_each_mutant_differs_from_the_reference_and_from_every_other(solved, nam
 
 @pytest.mark.parametrize("name", list(causal_masking.EXERCISES))
 def test_each_mutant_is_recognised_as_itself(solved, name):
-    """diagnose() names each mutant's own mistake (not an earlier entry's)."""
+    """The judge names each mutant's own mistake (not an earlier entry's)."""
     exercise = causal_masking.EXERCISES[name]
     for mistake in exercise.mistakes:
-        message = checks.diagnose(
-            exercise, mistake.mutant(solved), getattr(solved, name), solved, list(exercise.cases(solved))
-        )
+        message = judge_function(exercise, mistake.mutant(solved), solved)
         assert message is not None and f"[mistake:{mistake.id}]" in message, (mistake.name, message)

@@ -12,8 +12,8 @@ import torch.nn as nn
 from grading_suite import GradingSuite
 
 from autograder import reference
-from autograder.checks import CheckFailed, check
 from autograder.exercises import multi_head_attention as catalogue
+from course_checks.checks import CheckFailed, check
 
 ASSIGNMENT = "03_multi_head_attention"
 

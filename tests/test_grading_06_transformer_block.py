@@ -10,8 +10,9 @@ import textwrap
 import pytest
 from grading_suite import GradingSuite
 
-from autograder import checks, reference
+from autograder import reference
 from autograder.exercises import module_for
+from autograder.local_judge import judge_function
 
 ASSIGNMENT = "06_transformer_block"
 
@@ -410,7 +411,7 @@ def test_each_catalogued_mutant_is_named_as_itself(name, index):
     ref = reference.load(ASSIGNMENT)
     exercise = module_for(ASSIGNMENT).EXERCISES[name]
     mistake = exercise.mistakes[index]
-    message = checks.diagnose(exercise, mistake.mutant(ref), getattr(ref, name), ref, list(exercise.cases(ref)))
+    message = judge_function(exercise, mistake.mutant(ref), ref, list(exercise.cases(ref)))
     assert message is not None, f"{mistake.id}: no case tells it from the reference"
     assert f"[mistake:{mistake.id}]" in message, message
 
@@ -418,4 +419,4 @@ def test_each_catalogued_mutant_is_named_as_itself(name, index):
 def test_the_reference_passes_its_own_cases():
     ref = reference.load(ASSIGNMENT)
     for name, exercise in module_for(ASSIGNMENT).EXERCISES.items():
-        assert checks.diagnose(exercise, getattr(ref, name), getattr(ref, name), ref, list(exercise.cases(ref))) is None
+        assert judge_function(exercise, getattr(ref, name), ref) is None

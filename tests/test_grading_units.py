@@ -11,9 +11,9 @@ import nbformat
 import pytest
 import torch
 
-from autograder import verdict
 from autograder.engine.collect import collect
 from autograder.judging.tamper import suspicious_code
+from course_checks import verdict
 
 # ---------------------------------------------------------------- the wire
 
@@ -73,9 +73,14 @@ def test_malformed_outputs_are_refused(data):
 
 
 def test_mistake_tags_and_check_calls_are_read_from_text():
-    assert verdict.mistake_of("`softmax`: wrong axis. Hint. [mistake:softmax-wrong-axis]") == "softmax-wrong-axis"
-    assert verdict.mistake_of("no tag here") is None
-    source = '### BEGIN HIDDEN TESTS\nfrom autograder.checks import check; check("01_attention", "softmax", globals())'
+    from autograder.messages import mistake_of, without_tag
+
+    assert mistake_of("`softmax`: wrong axis. Hint. [mistake:softmax-wrong-axis]") == "softmax-wrong-axis"
+    assert without_tag("`softmax`: wrong axis. Hint. [mistake:softmax-wrong-axis]") == "`softmax`: wrong axis. Hint."
+    assert mistake_of("no tag here") is None
+    source = (
+        '### BEGIN HIDDEN TESTS\nfrom course_checks.checks import check; check("01_attention", "softmax", globals())'
+    )
     assert verdict.expected_checks(source) == [("01_attention", "softmax")]
 
 
@@ -97,8 +102,8 @@ def test_the_grade_commands_own_process_does_not_import_torch():
         ("import numpy as np\nnp.testing.assert_allclose = print", "replaces numpy.testing.assert_allclose"),
         ("import torch.nn.functional as F\nsetattr(F, 'softmax', None)", "calls setattr on torch.nn.functional"),
         ("import builtins\nbuiltins.len = lambda x: 3", "replaces builtins.len"),
-        ("import autograder.checks as c\nc.check = print", "replaces autograder.checks.check"),
-        ("import sys\nsys.modules['autograder.checks'] = None", "replaces an entry of sys.modules"),
+        ("import course_checks.checks as c\nc.check = print", "replaces course_checks.checks.check"),
+        ("import sys\nsys.modules['course_checks.checks'] = None", "replaces an entry of sys.modules"),
         ("get_ipython().set_custom_exc((Exception,), print)", "installs a handler that hides errors (set_custom_exc)"),
         ("%matplotlib widget\nimport ctypes", "imports ctypes"),
     ],
@@ -214,7 +219,6 @@ def fake_judge(monkeypatch):
     """A Judge for a made-up assignment with a function, a dependant and an nn.Module exercise."""
     import types
 
-    from autograder import exercises
     from autograder.exercises import catalogue
     from autograder.judging import judge
 
@@ -223,7 +227,7 @@ def fake_judge(monkeypatch):
         yield catalogue.Case("a vector", (torch.randn(4, generator=g),))
 
     def module_cases(ref):
-        yield catalogue.ModuleCase("a batch", (torch.ones(2, 3),), reference=ref.Tiny, init_args=(3,), seed=5)
+        yield catalogue.module_case("a batch", (torch.ones(2, 3),), reference=ref.Tiny, init_args=(3,), seed=5)
 
     module = types.SimpleNamespace(
         ASSIGNMENT="99_fake",
@@ -238,7 +242,7 @@ def fake_judge(monkeypatch):
             "Tiny": catalogue.Exercise("Tiny", module_cases),
         },
     )
-    monkeypatch.setattr(exercises, "module_for", lambda assignment: module)
+    monkeypatch.setattr(judge, "module_for", lambda assignment: module)
     return judge.Judge("99_fake", FAKE_CELLS)
 
 
@@ -252,19 +256,19 @@ def test_dependencies_are_revealed_only_after_their_own_check(fake_judge):
 
 
 def test_module_cases_ship_their_weights_but_not_the_reference_class(fake_judge):
-    from autograder import verdict
+    from course_checks import verdict
 
     shipment = fake_judge.shipment("Tiny", checked=set(), graded={"Tiny"})
     assert shipment["cells"] == []
     (case,) = verdict.unpack(shipment["cases"])
-    assert case.reference is None and set(case.reference_state()) == {"proj.weight"}
+    assert not hasattr(case, "reference") and set(case.state) == {"proj.weight"}
     output = case.run(fake_judge.ref.Tiny)  # the learner's class would be built the same way
     assert fake_judge.verdict("Tiny", None, [verdict.encode(output)], []) is None
     assert "does not match" in fake_judge.verdict("Tiny", None, [verdict.encode(output + 1)], [])
 
 
 def test_verdicts_name_mistakes_and_refuse_tampering(fake_judge):
-    from autograder import verdict
+    from course_checks import verdict
 
     (case,) = fake_judge.cases("quad")
     right = verdict.encode(4 * case.args[0])

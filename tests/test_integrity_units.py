@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import checks, compare, verdict
+import course_checks.kernel_boot  # noqa: F401 (seals the grading helpers here, as in a graded kernel)
+from autograder import compare
 from autograder.judging.tamper import forges_helpers, suspicious_code
 from autograder.sandboxing.bubblewrap import HostAddress, Limits, SandboxHost, WarmSandbox, claim_slot
 from autograder.sandboxing.bubblewrap import probe as _probe
 from autograder.sandboxing.zygote import _wipe
+from course_checks import checks, verdict
 
 
 def test_clean_up_removes_any_tree(tmp_path):
@@ -206,18 +208,18 @@ def test_decoding_is_bounded():
         verdict.read_line(Stream())
 
 
-def _kernel_like(code: str, first: str = "autograder.trusted") -> subprocess.CompletedProcess:
-    """``code`` after the grading helpers load (``first`` first; graded kernels start with the
-    snapshot), in a fresh interpreter; prints what the detector finds."""
+def _kernel_like(code: str, first: str = "course_checks.kernel_boot") -> subprocess.CompletedProcess:
+    """``code`` after the grading helpers load (``first`` first; graded kernels start with
+    ``kernel_boot``), in a fresh interpreter; prints what the detector finds."""
     program = (
-        f"import {first}\nimport autograder.checks, autograder.trusted\n"
+        f"import {first}\nimport course_checks.kernel_boot, course_checks.checks, course_checks.trusted\n"
         + textwrap.dedent(code)
-        + ("\nprint(autograder.checks._replaced())")
+        + ("\nprint(course_checks.checks._replaced())")
     )
     return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("first", ["autograder.trusted", "autograder.checks"])
+@pytest.mark.parametrize("first", ["course_checks.kernel_boot", "course_checks.trusted", "course_checks.checks"])
 def test_an_untouched_kernel_shows_no_change(first):
     result = _kernel_like("", first)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
@@ -232,9 +234,10 @@ def test_pickling_a_tensor_is_no_tampering():
         pickle.dumps(torch.nn.Parameter(torch.ones(2)))
         copy.deepcopy(torch.nn.Parameter(torch.ones(2)))
         assert "__slotnames__" in vars(torch.Tensor)
-        pickle.dumps(autograder.exercises.catalogue.Case("a case", (torch.ones(1),)))  # a helper class's instance, too
-        assert "__slotnames__" in vars(autograder.exercises.catalogue.Case)
-        print(autograder.checks._replaced())
+        import course_checks.cases
+        pickle.dumps(course_checks.cases.Case("a case", (torch.ones(1),)))  # a helper class's instance, too
+        assert "__slotnames__" in vars(course_checks.cases.Case)
+        print(course_checks.checks._replaced())
         torch.Tensor.item = lambda self: 0.0
     """)
     untouched, patched = result.stdout.strip().splitlines()[-2:]
@@ -263,18 +266,19 @@ def _forked(code: str) -> str:
 @pytest.mark.parametrize(
     "code, found",
     [
-        ("m = __import__('auto' + 'grader.checks', fromlist=['x'])\nsetattr(m, 'observe', print)", "observe"),
-        ("import autograder.verdict as v\nv.Link.result = lambda *a: None", "Link.result"),
-        ("import autograder.verdict as v\nv.encode.__code__ = v.encode.__code__.replace()", "encode"),
+        ("m = __import__('course_' + 'checks.checks', fromlist=['x'])\nsetattr(m, 'observe', print)", "observe"),
+        ("import course_checks.verdict as v\nv.Link.result = lambda *a: None", "Link.result"),
+        ("import course_checks.verdict as v\nv.encode.__code__ = v.encode.__code__.replace()", "encode"),
         (
-            "import sys, types\nsys.modules['autograder.verdict'] = types.ModuleType('autograder.verdict')",
-            "sys.modules['autograder.verdict']",
+            "import sys, types\nsys.modules['course_checks.verdict'] = types.ModuleType('course_checks.verdict')",
+            "sys.modules['course_checks.verdict']",
         ),
-        ("import autograder.trusted as t\nt.replaced = lambda: []", "autograder.trusted.replaced"),
+        ("import course_checks.trusted as t\nt.replaced = lambda: []", "course_checks.trusted.replaced"),
         ("import json\njson.dumps = repr", "json.dumps"),
         # the comparison and the catalogue's types, which a stock-nbgrader check runs in the kernel
         ("import autograder.compare as c\nc.close = lambda *a: None", "autograder.compare.close"),
-        ("import autograder.exercises.catalogue as c\nc.Case.run = lambda self, f: 0", "Case.run"),
+        ("import course_checks.cases as c\nc.Case.run = lambda self, f: 0", "Case.run"),
+        ("import autograder.local_judge as j\nj.LocalJudge.result = lambda *a: None", "LocalJudge.result"),
     ],
 )
 def test_changes_to_the_grading_helpers_are_detected(code, found):
@@ -286,7 +290,7 @@ def test_changes_to_the_grading_helpers_are_detected(code, found):
     "source",
     [
         "f.__code__ = g.__code__",
-        "import sys\nm = sys.modules['auto' + 'grader.checks']",
+        "import sys\nm = sys.modules['course_' + 'checks.checks']",
         "setattr(__import__('x'), 'check', None)",
         "exec('import autograder')",
     ],

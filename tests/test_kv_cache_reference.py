@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from autograder import reference
-from autograder.checks import diagnose
 from autograder.compare import close
 from autograder.exercises.kv_cache import EXERCISES, _reads_new_tokens_only
+from autograder.local_judge import judge_function
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_each_mutant_is_recognised_and_distinct(ref, name):
         mutant = mistake.mutant(ref)
         results = [case.run(mutant) for case in cases]
         assert any(close(r, e, exercise.atol, exercise.rtol) for r, e in zip(results, expected)), mistake.id
-        message = diagnose(exercise, mutant, getattr(ref, name), ref, cases)
+        message = judge_function(exercise, mutant, ref, cases)
         assert message and f"[mistake:{mistake.id}]" in message, (mistake.id, message)
         outputs[mistake.id] = results
     ids = list(outputs)

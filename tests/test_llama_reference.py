@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from autograder import reference
-from autograder.checks import diagnose
 from autograder.compare import close
 from autograder.exercises.llama import EXERCISES, hf_state_dict
+from autograder.local_judge import judge_function
 
 transformers = pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402  (comes with transformers)
@@ -177,7 +177,7 @@ def test_each_mutant_is_recognised_and_distinct(ref, name):
         mutant = mistake.mutant(ref)
         results = [case.run(mutant) for case in cases]
         assert any(close(r, e, exercise.atol, exercise.rtol) for r, e in zip(results, expected)), mistake.id
-        message = diagnose(exercise, mutant, getattr(ref, name), ref, cases)
+        message = judge_function(exercise, mutant, ref, cases)
         assert message and f"[mistake:{mistake.id}]" in message, (mistake.id, message)
         outputs[mistake.id] = results
     ids = list(outputs)
@@ -191,7 +191,7 @@ def test_each_mutant_is_recognised_and_distinct(ref, name):
 
 def test_importing_torch_dynamo_is_not_tampering():
     code = (
-        "import autograder.trusted as t, torch\n"
+        "import course_checks.trusted as t, torch\n"
         "import torch._dynamo\n"
         "assert t.replaced() == [], t.replaced()\n"
         "torch.manual_seed = lambda seed: None\n"

@@ -91,7 +91,7 @@ def test_release_check_notices_a_hand_edited_notebook(tmp_path):
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_student_notebooks_hold_no_solutions_or_hidden_tests(assignment):
     text = (REPOSITORY / "notebooks" / assignment / f"{assignment}.ipynb").read_text()
-    for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", "autograder.checks"):
+    for secret in ("BEGIN SOLUTION", "HIDDEN TESTS", "course_checks.checks"):
         assert secret not in text
     assert "raise NotImplementedError()" in text
 

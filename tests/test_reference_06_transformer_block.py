@@ -171,9 +171,10 @@ def test_checks_still_work_after_transformers_is_imported():
     """The notebook imports transformers after its checks; importing it wraps torch.manual_seed
     (torch._dynamo does), which must not read as tampering when a learner re-runs a check."""
     script = textwrap.dedent("""
-        import autograder.trusted
+        import course_checks.trusted
         import torch
-        from autograder import checks, reference
+        from autograder import reference
+from autograder.local_judge import judge_function
         namespace = {"RMSNorm": reference.load("06_transformer_block").RMSNorm}
         checks.check("06_transformer_block", "RMSNorm", namespace)
         import transformers.models.llama.modeling_llama

@@ -1,11 +1,11 @@
-"""Self-study mode in the learner's kernel (autograder/selfstudy.py), with the real catalogue and reference.
+"""Self-study mode in the learner's kernel (course_checks/selfstudy.py), with the real catalogue and reference.
 
 Every catalogued mistake that the grading suites write as a learner would is
 diagnosed by ``self_assess`` with its name and hint, as the grader's feedback
 says it; the learner's own functions stay in place for the visible checks; the
 reference solution needs a check run first; progress goes from "not tried" to
 "fails" to "passes" and is read back by another process; class mode (no
-``solutions/``) runs nothing hidden and shows no solution; while nbgrader runs,
+``solutions/`` above the notebooks) runs nothing hidden and shows no solution; while nbgrader runs,
 nothing happens at all. The last test runs a student notebook in a real kernel.
 """
 
@@ -23,8 +23,9 @@ import nbformat
 import pytest
 from notebook_runner import REPOSITORY, execute
 
-from autograder import reference, selfstudy
+from autograder import reference
 from autograder.exercises import exercise, module_for
+from course_checks import course, selfstudy
 
 COURSE = sorted(p.name for p in (REPOSITORY / "solutions").iterdir() if p.is_dir())
 NO_MAX_SOFTMAX = """
@@ -34,13 +35,34 @@ def softmax(x, dim=-1):
 """
 
 
+def course_copy(root, solutions: bool = True):
+    """A course folder as a learner has it: ``notebooks/NN_topic/NN_topic.ipynb`` for every notebook,
+    and in a clone (self-study) ``solutions/`` beside them."""
+    notebooks = root / "notebooks"
+    for assignment in COURSE:
+        (notebooks / assignment).mkdir(parents=True)
+        name = f"{assignment}.ipynb"
+        shutil.copy(REPOSITORY / "notebooks" / assignment / name, notebooks / assignment / name)
+    if solutions:
+        (root / "solutions").symlink_to(REPOSITORY / "solutions")
+    return notebooks
+
+
 @pytest.fixture
 def notebooks_folder(tmp_path, monkeypatch):
-    """Work as a kernel does: in a notebook's folder inside the folder that holds them all."""
-    folder = tmp_path / "notebooks" / "01_attention"
-    folder.mkdir(parents=True)
-    monkeypatch.chdir(folder)
-    return tmp_path / "notebooks"
+    """Work as a kernel does in a clone: in a notebook's folder inside the folder that holds them all."""
+    notebooks = course_copy(tmp_path)
+    monkeypatch.chdir(notebooks / "01_attention")
+    return notebooks
+
+
+def test_the_notebooks_grade_exactly_the_catalogued_exercises():
+    """Progress counts the check cells a notebook holds (all a class student has); the grader checks the
+    catalogue's exercises: the two lists are the same, in the same order."""
+    for assignment in COURSE:
+        assert course.exercise_names(assignment, REPOSITORY / "notebooks" / assignment) == list(
+            module_for(assignment).EXERCISES
+        ), assignment
 
 
 def learner_namespace(assignment: str, answer: str = "") -> dict:
@@ -131,13 +153,13 @@ def test_progress_goes_from_not_tried_to_fails_to_passes_and_another_process_rea
     assert "softmax: fails" in view("01_attention")
     printed(selfstudy.self_assess, "01_attention", "softmax", learner_namespace("01_attention"))
     assert "softmax: passes" in view("01_attention") and "1 of 3 exercises pass" in view("01_attention")
-    assert selfstudy.course() == COURSE  # every notebook, found from the catalogues alone
+    assert course.assignments() == COURSE  # every notebook, found from the notebooks beside this one
     n = sum(len(module_for(a).EXERCISES) for a in COURSE)
     assert f"1 of {n} exercises pass" in view() and "01_attention: 1 of 3 pass" in view()
     # a notebook reopened later (a new kernel, in another notebook's folder) reads the same file
     other = notebooks_folder / "00_start_here"
-    other.mkdir()
-    script = "from autograder import selfstudy; print(selfstudy._view(None)[1])"
+    other.mkdir(exist_ok=True)
+    script = "from course_checks import selfstudy; print(selfstudy._view(None)[1])"
     later = subprocess.run([sys.executable, "-c", script], cwd=other, capture_output=True, text=True, check=True)
     assert "01_attention: 1 of 3 pass" in later.stdout
     data = json.loads((notebooks_folder / ".progress.json").read_text())
@@ -152,8 +174,8 @@ def test_a_damaged_progress_file_counts_as_nothing_tried(notebooks_folder):
     assert "softmax: passes" in selfstudy._view("01_attention")[1]
 
 
-def test_class_mode_runs_no_hidden_check_and_shows_no_solution(notebooks_folder, tmp_path, monkeypatch):
-    monkeypatch.setenv("AUTOGRADER_SOLUTIONS", str(tmp_path / "no-solutions"))
+def test_class_mode_runs_no_hidden_check_and_shows_no_solution(notebooks_folder, tmp_path):
+    (tmp_path / "solutions").unlink()  # a class student's folder: the released notebooks only
     namespace = {"softmax": lambda x, dim=-1: x}  # wrong, and no reference to compare with here
     text = printed(selfstudy.self_assess, "01_attention", "softmax", namespace)
     assert text == (
@@ -175,10 +197,7 @@ def test_while_nbgrader_grades_or_validates_nothing_happens(notebooks_folder, gr
 def test_a_student_notebook_in_a_real_kernel_records_the_whole_check_cell(tmp_path):
     """The visible asserts count too: an answer that passes the hidden checks but not the
     visible ones is recorded as failing; the diagnosis and the class-mode line show in the outputs."""
-    folder = tmp_path / "notebooks" / "00_start_here"
-    folder.mkdir(parents=True)
-    path = folder / "00_start_here.ipynb"
-    shutil.copy(REPOSITORY / "notebooks" / "00_start_here" / "00_start_here.ipynb", path)
+    path = course_copy(tmp_path) / "00_start_here" / "00_start_here.ipynb"
     notebook = nbformat.read(path, as_version=4)
     [answer] = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "dot_scores"]
     answer.source = "def dot_scores(q, k):\n    return q @ k.T\n"  # ignores batch dimensions
@@ -195,7 +214,8 @@ def test_a_student_notebook_in_a_real_kernel_records_the_whole_check_cell(tmp_pa
 
     answer.source = "def dot_scores(q, k):\n    return torch.einsum('...td,...sd->...ts', q, k)\n"
     nbformat.write(notebook, path)
-    run = execute(path, env={"AUTOGRADER_SOLUTIONS": str(tmp_path / "none")})  # class mode
+    (tmp_path / "solutions").unlink()  # class mode
+    run = execute(path)
     assert run.errors() == []
     assert "Class mode: this cell runs the visible checks only" in run.stream_text()
     assert "hidden checks pass" not in run.stream_text()

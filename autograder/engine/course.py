@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from pathlib import Path
+
+from course_checks.verdict import expected_checks
 
 from .. import reference
 from ..judging.cells import grade_id
 from ..judging.tamper import GradebookView
 from ..sandboxing.bubblewrap import Limits
-from ..verdict import expected_checks
 from .identity import code_digest
 from .job import AssignmentSpec
 
@@ -135,8 +135,7 @@ class CourseFolder:
             for c in view.notebook.grade_cells
             if c.cell_type == "code" and expected_checks(c.source)
         }
-        os.environ["AUTOGRADER_SOLUTIONS"] = str(self.source)  # reference.source_cells reads it
-        cells = reference.source_cells(assignment) if notebook == assignment else []
+        cells = reference.source_cells(assignment, self.source) if notebook == assignment else []
         files = {}
         folder = self.release / assignment
         if folder.is_dir():

@@ -40,12 +40,12 @@ from pathlib import Path
 
 from distributed import WorkerPlugin
 
+from .. import REPOSITORY
 from ..sandboxing.bubblewrap import probe
 from .identity import code_digest
 from .job import WORKERS_DIED, Job, Result, failed_result
 from .runners import Station, grade_at
 
-REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout each worker runs (its assets/)
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
 WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
 

@@ -1,8 +1,8 @@
-"""Which grading code this is: one digest of the grader's and the widgets' source files.
+"""Which grading code this is: one digest of the grader's, the kernel side's and the widgets' source files.
 
 The grade command, every grading worker (local or on Dask) and each notebook's
 ``AssignmentSpec.fingerprint`` use this one digest. It reads only the Python
-files of the two code packages (folders with an ``__init__.py``), never
+files of the three code packages (folders with an ``__init__.py``), never
 anything of nbgrader's course root (``coursework/``: submissions, gradebook,
 feedback), so no student file, whatever its name or kind, can change it.
 """
@@ -14,7 +14,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-PACKAGES = ("autograder", "course_widgets")
+PACKAGES = ("autograder", "course_checks", "course_widgets")
 
 
 def package_folder(name: str) -> Path:

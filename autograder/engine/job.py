@@ -22,8 +22,8 @@ import nbformat
 from ..judging.cells import error_output, graded_id
 from ..judging.flags import GRADING_FAILED, NOT_GRADED
 from ..judging.tamper import GradebookView, Inspection, inspect, restore_grading_metadata, sanitize
+from ..messages import mistake_of, tagged, tampering_message
 from ..sandboxing.bubblewrap import Limits, WarmSandbox, kernel_environment
-from ..verdict import mistake_of
 
 
 @dataclass
@@ -199,7 +199,6 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
     (if the notebook swallowed it), so nbgrader's scoring gives the cell no
     points. Returns (CheckRecords, flags).
     """
-    from .. import compare  # here, on the worker: the command's own process never imports torch
 
     records, flags = [], []
     faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "memory", "not-run")}
@@ -214,9 +213,10 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
             if verdict is None:
                 message = f"The hidden checks of `{exercise}` did not run."
                 if index not in faulty:
-                    message += (
-                        " The notebook stopped them (it replaced or broke the grading helpers), "
-                        "so they give no points; it is flagged for review. [mistake:tampering]"
+                    message = tagged(
+                        message + " The notebook stopped them (it replaced or broke the grading helpers), "
+                        "so they give no points; it is flagged for review.",
+                        "tampering",
                     )
                     flags.append("hidden-checks-missing")
             elif not verdict.finished:
@@ -225,7 +225,7 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                 message = verdict.message
             if forged and message is None:
                 # The notebook changes the grading helpers: what its kernel reported cannot be trusted.
-                message = compare.tampering_message([f"code that {f}" for f in forged])
+                message = tampering_message([f"code that {f}" for f in forged])
             if verdict is not None and verdict.tampered:
                 flags.append("patched-functions")
             if message and mistake_of(message) == "tampering" and verdict is not None:

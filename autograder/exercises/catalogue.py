@@ -1,76 +1,52 @@
-"""The vocabulary every catalogue is written in: ``Exercise``, ``Case``, ``ModuleCase``, ``Mistake``.
+"""The vocabulary every catalogue is written in: ``Exercise``, ``Mistake``, and the kernel's case types.
 
 An exercise module (``autograder/exercises/<topic>.py``) describes each exercise
-with these: the seeded inputs it is checked on, its tolerance, what it builds on,
-and the known mistakes it can name. The same objects serve the check in the
-learner's kernel (``autograder.checks``) and the judge outside it
-(``autograder.judging.judge``); comparing outputs is ``autograder.compare``'s job.
+with these: the seeded inputs it is checked on (``Case``, ``ModuleCase``, made with
+``module_case``: the kernel side's types, which run the learner's code and compute no
+answer), its tolerance, what it builds on, and the known mistakes it can name. The
+judge (``autograder.judging.judge``, outside the sandbox) and the in-kernel judge
+(``autograder.local_judge``) read them; comparing outputs is ``autograder.compare``'s job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from course_checks.cases import Case, ModuleCase
 
-@dataclass
-class Case:
-    """One input to an exercise: ``label`` says in the learner's terms what it is."""
-
-    label: str
-    args: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-
-    def run(self, function: Callable) -> Any:
-        return function(*self.args, **self.kwargs)
+__all__ = ["Case", "ModuleCase", "module_case", "Mistake", "Exercise"]
 
 
-@dataclass
-class ModuleCase(Case):
-    """An input to an ``nn.Module`` exercise: build, load the reference weights, call.
+def module_case(
+    label: str,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    reference,
+    init_args: tuple = (),
+    init_kwargs: dict | None = None,
+    seed: int = 0,
+    dtype: str | None = None,
+) -> ModuleCase:
+    """A ``ModuleCase`` whose weights are those of ``reference(*init_args, **init_kwargs)`` built under
+    ``torch.manual_seed(seed)`` and randomised: default inits (norm weights all 1, zero biases) would
+    hide mistakes such as swapped or unused weights. Only the weights travel with the case, never the
+    reference class."""
+    import torch
 
-    ``run(cls)`` builds ``cls(*init_args, **init_kwargs)``, loads the state dict
-    of the reference class built the same way under ``torch.manual_seed(seed)``
-    (so learner and reference share every weight, whatever order the learner
-    creates them in), and returns ``forward(*args, **kwargs)`` in eval mode
-    without gradients. A learner whose parameter names differ from the contract
-    gets load_state_dict's message naming the missing and unexpected keys.
-    """
-
-    reference: Any = None  # the reference class, e.g. ref.MultiHeadAttention
-    init_args: tuple = ()
-    init_kwargs: dict = field(default_factory=dict)
-    seed: int = 0
-
-    def reference_state(self) -> dict:
-        import torch
-
-        if not hasattr(self, "_state"):
-            with torch.random.fork_rng():
-                torch.manual_seed(self.seed)
-                module = self.reference(*self.init_args, **self.init_kwargs)
-                # Randomise every parameter: default inits (norm weights all 1,
-                # zero biases) would hide mistakes such as swapped or unused weights.
-                for parameter in module.parameters():
-                    if parameter.dim() >= 2:  # weight matrices: keep activations of order 1
-                        parameter.data.normal_(0.0, parameter.shape[-1] ** -0.5)
-                    else:  # norm gains and biases: around 1, all different
-                        parameter.data.normal_(1.0, 0.3)
-            self._state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        return self._state
-
-    def build(self, cls):
-        module = cls(*self.init_args, **self.init_kwargs)
-        module.load_state_dict(self.reference_state())
-        return module.eval()
-
-    def run(self, cls) -> Any:
-        import torch
-
-        module = self.build(cls)
-        with torch.no_grad():
-            return module(*self.args, **self.kwargs)
+    init_kwargs = dict(init_kwargs or {})
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        module = reference(*init_args, **init_kwargs)
+        for parameter in module.parameters():
+            if parameter.dim() >= 2:  # weight matrices: keep activations of order 1
+                parameter.data.normal_(0.0, parameter.shape[-1] ** -0.5)
+            else:  # norm gains and biases: around 1, all different
+                parameter.data.normal_(1.0, 0.3)
+    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return ModuleCase(label, tuple(args), dict(kwargs or {}), tuple(init_args), init_kwargs, state, dtype)
 
 
 @dataclass
@@ -103,13 +79,15 @@ class Exercise:
     depends_on: Sequence[str] = ()
     mistakes: Sequence[Mistake] = ()
     # Extra whole-function checks (e.g. "no loop over heads"): each takes the
-    # learner's object and returns None or a message.
-    properties: Sequence[Callable[[Any], str | None]] = ()
+    # learner's object and the reference objects the check may use (its
+    # dependencies, ``reference_uses``), and returns None or a message. They run
+    # where the learner's code runs, so they must pickle (module-level functions).
+    properties: Sequence[Callable[[Any, Any], str | None]] = ()
     # The learner's object this exercise grades when it is not ``name``: a check
     # with its own points on another exercise's object (e.g. "no loop over heads"
     # in ``MultiHeadAttention``), usually with properties and no cases.
     target: str | None = None
-    # Reference objects the properties may take from ``reference.load`` (not
+    # Reference objects the properties may use besides the dependencies (not
     # substituted into the learner's namespace; e.g. helpers to fall back on
     # when the learner's own fail). The sandboxed grader ships them in with
     # the dependencies, under the same rule: only once their own checks ran.

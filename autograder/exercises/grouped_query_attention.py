@@ -16,7 +16,7 @@ Tolerances:
 
 import torch
 
-from .catalogue import Case, Exercise, Mistake, ModuleCase
+from .catalogue import Case, Exercise, Mistake, module_case
 
 ASSIGNMENT = "05_grouped_query_attention"
 
@@ -132,7 +132,7 @@ def gqa_cases(ref):
 
     def case(label, d_model, n_heads, n_kv_heads, B, T, seed, positions=None, **init_kwargs):
         kwargs = {} if positions is None else {"positions": positions}
-        return ModuleCase(
+        return module_case(
             label,
             (torch.randn(B, T, d_model, generator=g),),
             kwargs,

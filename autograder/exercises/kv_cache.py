@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .catalogue import Case, Exercise, Mistake, ModuleCase
+from ..messages import tagged
+from .catalogue import Case, Exercise, Mistake, module_case
 from .llama import SamplingCase
 
 ASSIGNMENT = "08_kv_cache"
@@ -46,12 +47,6 @@ ASSIGNMENT = "08_kv_cache"
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def _reference():
-    from ..reference import load
-
-    return load(ASSIGNMENT)
 
 
 # ---------------------------------------------------------------- KVCache
@@ -201,12 +196,14 @@ class AttendScript(Case):
     """Run attention steps on a fresh reference cache; the result is every output, then each layer's cached k and v.
 
     ``args`` = (layers, steps): the GroupedQueryAttention of each layer, and the
-    steps as (layer, x, positions).
+    steps as (layer, x, positions); ``cache_class`` the reference KVCache (a dependency).
     """
+
+    cache_class: type = None
 
     def run(self, function):
         layers, steps = self.args
-        cache = _reference().KVCache()
+        cache = self.cache_class()
         outputs = []
         with torch.no_grad():
             for layer, x, positions in steps:
@@ -233,16 +230,19 @@ def attend_with_cache_cases(ref):
     yield AttendScript(
         "2 grouped-query layers (H=8, G=2, D=32): a prompt of 5, 3 single tokens, then a chunk of 3 (B=2)",
         (gqa, _attend_steps(g, 2, 2, 32, 5, 3, chunk=3)),
+        cache_class=ref.KVCache,
     )
     mqa = [_randomised(ref.GroupedQueryAttention(48, 4, 1, rope_base=500.0), 20)]
     yield AttendScript(
         "1 multi-query layer (H=4, G=1, D=48, rope_base=500): a prompt of 3, then 4 single tokens (B=3)",
         (mqa, _attend_steps(g, 1, 3, 48, 3, 4)),
+        cache_class=ref.KVCache,
     )
     mha = [_randomised(ref.GroupedQueryAttention(16, 2, 2), 30)]
     yield AttendScript(
         "1 multi-head layer (H=G=2, D=16): a one-token prompt, 2 single tokens, then a chunk of 4 (B=1)",
         (mha, _attend_steps(g, 1, 1, 16, 1, 2, chunk=4)),
+        cache_class=ref.KVCache,
     )
 
 
@@ -357,16 +357,18 @@ ATTEND_MISTAKES = [
 
 def _model(ref, seed, **sizes):
     config = ref.ModelConfig(**sizes)
-    return ModuleCase("", reference=ref.Llama, init_args=(config,), seed=seed).build(ref.Llama)
+    return module_case("", reference=ref.Llama, init_args=(config,), seed=seed).build(ref.Llama)
 
 
 @dataclass
 class ForwardScript(Case):
     """Feed chunks of tokens to a fresh reference cache; the result is each chunk's logits and the final length."""
 
+    cache_class: type = None
+
     def run(self, function):
         model, chunks = self.args
-        cache = _reference().KVCache()
+        cache = self.cache_class()
         outputs = [function(model, chunk, cache) for chunk in chunks]
         return tuple(outputs) + (int(cache.length),)
 
@@ -386,6 +388,7 @@ def forward_cached_cases(ref):
     yield ForwardScript(
         "a 2-layer model (V=40, D=32, 4 heads, 2 kv heads): a prompt of 5, 3 single tokens, then a chunk of 2 (B=2)",
         (small, _chunks(tokens, [5, 1, 1, 1, 2])),
+        cache_class=ref.KVCache,
     )
     mqa = _model(
         ref,
@@ -403,9 +406,12 @@ def forward_cached_cases(ref):
     yield ForwardScript(
         "a 3-layer multi-query model (V=29, D=48, rope_base=500): a one-token prompt, then 6 single tokens (B=1)",
         (mqa, _chunks(tokens, [1] * 7)),
+        cache_class=ref.KVCache,
     )
     tokens = torch.randint(0, 40, (3, 6), generator=g)
-    yield ForwardScript("the 2-layer model: a prompt of 6 on an empty cache (B=3)", (small, [tokens]))
+    yield ForwardScript(
+        "the 2-layer model: a prompt of 6 on an empty cache (B=3)", (small, [tokens]), cache_class=ref.KVCache
+    )
 
 
 def _forward_with(positions_at=None, per_layer=False, layer_index=None, mlp=True, norms=True):
@@ -595,7 +601,7 @@ class _EmbedCounter:
         self.positions += inputs[0].shape[-1]
 
 
-def _reads_new_tokens_only(learner) -> str | None:
+def _reads_new_tokens_only(learner, ref) -> str | None:
     """Right tokens, but recomputed: more than prompt + max_new_tokens positions embedded in all.
 
     Only a learner whose greedy tokens are right is judged here (a wrong one is
@@ -603,7 +609,6 @@ def _reads_new_tokens_only(learner) -> str | None:
     07's generate, or forward_cached on the whole sequence with a new cache at
     every step. Both give generate's tokens at generate's cost.
     """
-    ref = _reference()
     model = _greedy_model(ref)
     prompt = torch.randint(0, 31, (2, 4), generator=_generator(77))
     counter = _EmbedCounter(model)
@@ -619,12 +624,13 @@ def _reads_new_tokens_only(learner) -> str | None:
         and torch.equal(out.long(), ref.generate(model, prompt, 8, temperature=0))
     )
     if right and counter.positions > 4 + 8:
-        return (
+        return tagged(
             f"`generate_cached` gives the right tokens but embedded {counter.positions} token positions to "
             "write 8 tokens after a prompt of 4; with a cache the prompt is read once and then one new token "
             "per step, at most 12. It recomputes the sequence (model(tokens), generate, or forward_cached "
             "on the whole sequence with a new cache): feed forward_cached the prompt once, then only each new "
-            "token, with the same cache. [mistake:recomputes-sequence]"
+            "token, with the same cache.",
+            "recomputes-sequence",
         )
     return None
 

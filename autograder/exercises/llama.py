@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .catalogue import Case, Exercise, Mistake, ModuleCase
+from .catalogue import Case, Exercise, Mistake, module_case
 
 ASSIGNMENT = "07_llama"
 FIELDS = (
@@ -61,12 +61,6 @@ FIELDS = (
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def _reference():
-    from ..reference import load
-
-    return load(ASSIGNMENT)
 
 
 # ---------------------------------------------------------------- ModelConfig
@@ -158,7 +152,7 @@ def _config_with(eps_default=1e-6, check_heads=True, check_groups=True, check_ev
     return mutant
 
 
-def _is_dataclass(learner) -> str | None:
+def _is_dataclass(learner, ref) -> str | None:
     if not (isinstance(learner, type) and dataclasses.is_dataclass(learner)):
         return "`ModelConfig` should be a class decorated with @dataclass (from dataclasses import dataclass)."
     return None
@@ -211,28 +205,28 @@ def llama_cases(ref):
         ref, vocab_size=37, d_model=48, n_layers=3, n_heads=4, n_kv_heads=1, d_hidden=80, norm_eps=1e-5, rope_base=500.0
     )
     mha = _config(ref, vocab_size=23, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_hidden=40)
-    yield ModuleCase(
+    yield module_case(
         "a 2-layer model (V=50, D=32, 4 heads, 2 kv heads), tokens (2, 7)",
         (torch.randint(0, 50, (2, 7), generator=g),),
         reference=ref.Llama,
         init_args=(small,),
         seed=1,
     )
-    yield ModuleCase(
+    yield module_case(
         "a 3-layer multi-query model (V=37, D=48), tokens (3, 11)",
         (torch.randint(0, 37, (3, 11), generator=g),),
         reference=ref.Llama,
         init_args=(mqa,),
         seed=2,
     )
-    yield ModuleCase(
+    yield module_case(
         "a 1-layer multi-head model (V=23, D=16), tokens (1, 5)",
         (torch.randint(0, 23, (1, 5), generator=g),),
         reference=ref.Llama,
         init_args=(mha,),
         seed=3,
     )
-    yield ModuleCase(
+    yield module_case(
         "the 2-layer model on a single token per sequence, tokens (4, 1)",
         (torch.randint(0, 50, (4, 1), generator=g),),
         reference=ref.Llama,
@@ -298,12 +292,11 @@ def _last_position_only(self, tokens):
 def _build_learner_llama(learner, ref, seed=11):
     """The learner's Llama with the reference's random weights (a small GQA model)."""
     case = next(iter(llama_cases(ref)))
-    case = ModuleCase(case.label, case.args, reference=ref.Llama, init_args=case.init_args, seed=seed)
+    case = module_case(case.label, case.args, reference=ref.Llama, init_args=case.init_args, seed=seed)
     return case.build(learner), case
 
 
-def _layers_registered(learner) -> str | None:
-    ref = _reference()
+def _layers_registered(learner, ref) -> str | None:
     try:
         model = learner(_config(ref, vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64))
     except Exception:
@@ -318,9 +311,8 @@ def _layers_registered(learner) -> str | None:
     return None
 
 
-def _causal(learner) -> str | None:
+def _causal(learner, ref) -> str | None:
     """Changing later tokens never changes earlier logits."""
-    ref = _reference()
     try:
         model, case = _build_learner_llama(learner, ref)
         tokens = torch.randint(0, 50, (2, 9), generator=_generator(77))
@@ -445,7 +437,7 @@ class SamplingCase(Case):
 
 
 def _greedy_model(ref, seed, max_seq_len=2048):
-    case = ModuleCase(
+    case = module_case(
         "",
         reference=ref.Llama,
         seed=seed,
@@ -559,7 +551,7 @@ def _generate_mutant(logits_of=_last_logits, pick=_right_pick):
     return lambda ref: _sampler(logits_of, pick)
 
 
-def _reproducible(learner) -> str | None:
+def _reproducible(learner, ref) -> str | None:
     """The same torch.manual_seed gives the same samples."""
     bigram = Bigram(_bigram_table())
     prompt = torch.tensor([[3, 0]]).repeat(64, 1)
@@ -678,16 +670,16 @@ def hf_state_dict(model, tied: bool = False) -> dict:
 class LoadCase(Case):
     """Load a Hugging Face-layout state dict into a fresh reference Llama; the result is its logits."""
 
+    model_class: type = None  # the reference Llama (a dependency: it travels as its cell)
     config: object = None
     state_dict: dict = None
     tokens: torch.Tensor = None
     seed: int = 0
 
     def run(self, function):
-        ref = _reference()
         with torch.random.fork_rng():
             torch.manual_seed(self.seed)  # the same starting weights for every loader
-            model = ref.Llama(self.config)
+            model = self.model_class(self.config)
         function(model, {name: value.clone() for name, value in self.state_dict.items()})
         model.eval()
         with torch.no_grad():
@@ -718,9 +710,16 @@ def load_cases(ref):
     ]
     for index, (label, tied, config_sizes) in enumerate(sizes):
         config = ref.ModelConfig(**config_sizes)
-        source = ModuleCase("", reference=ref.Llama, init_args=(config,), seed=100 + index).build(ref.Llama)
+        source = module_case("", reference=ref.Llama, init_args=(config,), seed=100 + index).build(ref.Llama)
         tokens = torch.randint(0, config.vocab_size, (2, 9), generator=g)
-        yield LoadCase(label, config=config, state_dict=hf_state_dict(source, tied), tokens=tokens, seed=200 + index)
+        yield LoadCase(
+            label,
+            model_class=ref.Llama,
+            config=config,
+            state_dict=hf_state_dict(source, tied),
+            tokens=tokens,
+            seed=200 + index,
+        )
 
 
 def _loader(q_rows=None, k_rows=None, gate="mlp.gate_proj", up="mlp.up_proj", tied_fallback=True, strict=True):

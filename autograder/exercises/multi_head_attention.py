@@ -33,11 +33,11 @@ import sys
 import sysconfig
 import textwrap
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 
-from .catalogue import Case, Exercise, Mistake, ModuleCase
+from ..messages import tagged
+from .catalogue import Case, Exercise, Mistake, module_case
 
 ASSIGNMENT = "03_multi_head_attention"
 
@@ -64,7 +64,7 @@ def _is_view_error(error: BaseException) -> bool:
 
 
 def _named(exercise: str, mistake: Mistake) -> str:
-    return f"`{exercise}`: {mistake.name}. {mistake.hint} [mistake:{mistake.id}]"
+    return tagged(f"`{exercise}`: {mistake.name}. {mistake.hint}", mistake.id)
 
 
 # ---------------------------------------------------------------- split_heads
@@ -199,7 +199,7 @@ MERGE_HEADS_MISTAKES = [
 ]
 
 
-def _merge_view_property(merge_heads):
+def _merge_view_property(merge_heads, ref):
     """Name the .view-after-transpose error in the learner's terms."""
     try:
         merge_heads(torch.randn(2, 3, 5, 4, generator=_generator(7)))
@@ -212,22 +212,14 @@ def _merge_view_property(merge_heads):
 # ---------------------------------------------------------------- MultiHeadAttention
 
 
-@dataclass
-class Float64ModuleCase(ModuleCase):
-    """A ModuleCase whose modules (learner's and reference) run in float64."""
-
-    def build(self, cls):
-        return super().build(cls).double()
-
-
 def multi_head_attention_cases(ref):
     g = _generator(303)
     MHA = ref.MultiHeadAttention
 
-    def case(label, D, H, B, T, mask=None, seed=0, kind=ModuleCase, dtype=torch.float32):
-        x = torch.randn(B, T, D, generator=g, dtype=dtype)
+    def case(label, D, H, B, T, mask=None, seed=0, dtype=None):
+        x = torch.randn(B, T, D, generator=g, dtype=torch.float64 if dtype == "float64" else torch.float32)
         kwargs = {} if mask is None else {"mask": mask}
-        return kind(label, (x,), kwargs, reference=MHA, init_args=(D, H), seed=seed)
+        return module_case(label, (x,), kwargs, reference=MHA, init_args=(D, H), seed=seed, dtype=dtype)
 
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     yield case("the worked example's size: D = 8, 2 heads, 3 tokens", 8, 2, 1, 3, seed=1)
@@ -246,8 +238,7 @@ def multi_head_attention_cases(ref):
         6,
         _random_mask(6, g),
         seed=9,
-        kind=Float64ModuleCase,
-        dtype=torch.float64,
+        dtype="float64",
     )
 
 
@@ -361,7 +352,7 @@ MULTI_HEAD_ATTENTION_MISTAKES = [
 ]
 
 
-def _mha_view_property(cls):
+def _mha_view_property(cls, ref):
     try:
         cls(8, 2)(torch.randn(2, 3, 8, generator=_generator(8)))
     except Exception as error:  # other errors are described by the comparison
@@ -418,10 +409,9 @@ def python_steps(cls, n_heads: int) -> Counter:
     return counts
 
 
-def _steps_with_fallback(cls):
-    """Counts for each probe head count; with the reference helpers if the learner's fail."""
-    from .. import reference
-    from ..checks import substitute
+def _steps_with_fallback(cls, ref):
+    """Counts for each probe head count; with the reference helpers (``ref``) if the learner's fail."""
+    from course_checks.checks import substitute
 
     try:
         return [python_steps(cls, h) for h in PROBE_HEADS]
@@ -432,9 +422,8 @@ def _steps_with_fallback(cls):
         if not isinstance(namespace, dict):
             raise
         try:
-            ref = reference.load(ASSIGNMENT)
             given = {name: getattr(ref, name) for name in _GIVEN}
-        except Exception:  # no reference here: the learner's own failure stands
+        except AttributeError:  # no reference here: the learner's own failure stands
             raise failure from None
         restore = substitute(namespace, given)
         try:
@@ -454,7 +443,11 @@ def _loop_line(few: Counter, many: Counter, classes: set) -> str | None:
     for (filename, line, function), count in many.items():
         if count <= few.get((filename, line, function), 0):
             continue
-        if os.path.realpath(filename).startswith(library) or "/autograder/" in filename:
+        if (
+            os.path.realpath(filename).startswith(library)
+            or "/autograder/" in filename
+            or "/course_checks/" in filename
+        ):
             continue
         found.append((function.split(".")[0] not in classes, filename, line, function))
     if not found:
@@ -514,17 +507,18 @@ def _static_loop_check(cls, error: Exception) -> str | None:
     if not loops:
         return None
     _, _, where, line = min(loops)
-    return (
+    return tagged(
         f"`{name}`: {HEAD_LOOP.name}? Your forward pass raised {raised}, so its steps could not be "
-        f"counted, and `{where}` holds a loop: `{line}`. {HEAD_LOOP.hint} [mistake:{HEAD_LOOP.id}]"
+        f"counted, and `{where}` holds a loop: `{line}`. {HEAD_LOOP.hint}",
+        HEAD_LOOP.id,
     )
 
 
-def no_head_loop_property(cls):
+def no_head_loop_property(cls, ref):
     """None when one forward pass takes as many Python steps with 8 heads as with 2."""
     name = "MultiHeadAttention"
     try:
-        few, many = _steps_with_fallback(cls)
+        few, many = _steps_with_fallback(cls, ref)
     except NotImplementedError:
         return (
             f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code "
@@ -540,10 +534,10 @@ def no_head_loop_property(cls):
     classes = {klass.__name__ for klass in cls.__mro__ if klass.__module__.split(".")[0] != "torch"}
     where = _loop_line(few, many, classes)
     located = f"; this line ran more often: {where}" if where else ""
-    return (
+    return tagged(
         f"`{name}`: {HEAD_LOOP.name}. One forward pass takes {steps_few} Python steps with "
-        f"{PROBE_HEADS[0]} heads and {steps_many} with {PROBE_HEADS[1]}{located}. {HEAD_LOOP.hint} "
-        f"[mistake:{HEAD_LOOP.id}]"
+        f"{PROBE_HEADS[0]} heads and {steps_many} with {PROBE_HEADS[1]}{located}. {HEAD_LOOP.hint}",
+        HEAD_LOOP.id,
     )
 
 

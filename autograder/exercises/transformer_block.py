@@ -24,20 +24,13 @@ Tolerances, per exercise:
 import torch
 import torch.nn.functional as F
 
-from .catalogue import Exercise, Mistake, ModuleCase
+from .catalogue import Exercise, Mistake, module_case
 
 ASSIGNMENT = "06_transformer_block"
 
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-class Float64ModuleCase(ModuleCase):
-    """A ModuleCase whose modules (learner's and reference) run in float64."""
-
-    def build(self, cls):
-        return super().build(cls).double()
 
 
 # ---------------------------------------------------------------- RMSNorm
@@ -47,7 +40,7 @@ def rmsnorm_cases(ref):
     g = _generator(601)
 
     def case(label, x, dim, seed, **init_kwargs):
-        return ModuleCase(label, (x,), reference=ref.RMSNorm, init_args=(dim,), init_kwargs=init_kwargs, seed=seed)
+        return module_case(label, (x,), reference=ref.RMSNorm, init_args=(dim,), init_kwargs=init_kwargs, seed=seed)
 
     yield case("a (2, 5, 16) batch of token vectors", torch.randn(2, 5, 16, generator=g), 16, 1)
     # RMS about 1e-3: the mean of squares is as large as eps = 1e-6, so where
@@ -72,7 +65,7 @@ def rmsnorm_cases(ref):
             8,
         ),
     ):
-        yield Float64ModuleCase(label, (x,), reference=ref.RMSNorm, init_args=(x.shape[-1],), seed=seed)
+        yield module_case(label, (x,), reference=ref.RMSNorm, init_args=(x.shape[-1],), seed=seed, dtype="float64")
 
 
 def _rmsnorm_with(normalise):
@@ -163,8 +156,8 @@ RMSNORM_MISTAKES = [
 def swiglu_cases(ref):
     g = _generator(602)
 
-    def case(label, x, d_model, d_hidden, seed, kind=ModuleCase):
-        return kind(label, (x,), reference=ref.SwiGLU, init_args=(d_model, d_hidden), seed=seed)
+    def case(label, x, d_model, d_hidden, seed, dtype=None):
+        return module_case(label, (x,), reference=ref.SwiGLU, init_args=(d_model, d_hidden), seed=seed, dtype=dtype)
 
     yield case("a (2, 5, 16) batch, d_hidden 40", torch.randn(2, 5, 16, generator=g), 16, 40, 1)
     yield case("(3, 8) vectors, d_hidden 24", torch.randn(3, 8, generator=g), 8, 24, 2)
@@ -176,7 +169,7 @@ def swiglu_cases(ref):
         8,
         16,
         5,
-        kind=Float64ModuleCase,
+        dtype="float64",
     )
 
 
@@ -236,9 +229,9 @@ SWIGLU_MISTAKES = [
 def block_cases(ref):
     g = _generator(603)
 
-    def case(label, x, init_args, seed, kind=ModuleCase, init_kwargs=None, positions=None):
+    def case(label, x, init_args, seed, dtype=None, init_kwargs=None, positions=None):
         kwargs = {} if positions is None else {"positions": positions}
-        return kind(
+        return module_case(
             label,
             (x,),
             kwargs,
@@ -246,6 +239,7 @@ def block_cases(ref):
             init_args=init_args,
             init_kwargs=init_kwargs or {},
             seed=seed,
+            dtype=dtype,
         )
 
     yield case("(2, 6, 32), 4 heads, 2 kv heads, d_hidden 64", torch.randn(2, 6, 32, generator=g), (32, 4, 2, 64), 1)
@@ -279,7 +273,7 @@ def block_cases(ref):
         torch.randn(2, 4, 16, generator=g, dtype=torch.float64),
         (16, 2, 2, 24),
         6,
-        kind=Float64ModuleCase,
+        dtype="float64",
     )
 
 

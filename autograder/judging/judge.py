@@ -1,14 +1,16 @@
 """The trusted half of every hidden check, outside the sandbox.
 
 A grading worker keeps one ``Judge`` per assignment: the reference module,
-built from the reference cells the grader handed in (``reference.provide``),
+built from the reference cells the grader handed in (``reference.from_cells``),
 the seeded cases of each exercise, the reference's outputs on them and the
 mistakes' outputs, all computed once and reused for every notebook.
 
 While one notebook runs, a ``VerdictServer`` listens on the Unix socket its
-kernel's ``check`` talks to (``verdict.Link``). It answers ``begin`` with the
-cases and with the reference cells the check may see (those of the exercise's
-dependencies, once their own checks have run in this kernel), compares the
+kernel's ``check`` talks to (``verdict.Link``). It answers ``begin`` with what the
+check observes with (``course_checks.cases.Shipment``: the learner's object to
+run, the cases, the properties) and with the reference cells the check may see
+(those of the exercise's dependencies, once their own checks have run in this
+kernel), compares the
 outputs of ``result`` with the reference, and records one verdict per check.
 It accepts a check only while the grade cell that holds it runs, the first
 time: student code cannot replay a check with other functions, in another
@@ -18,16 +20,19 @@ cell, or after the fact.
 from __future__ import annotations
 
 import ast
-import copy
+import base64
+import io
 import os
 import pickle
 import socketserver
 import threading
 from dataclasses import dataclass, field
 
-from .. import compare, reference, verdict
-from ..exercises.catalogue import ModuleCase
-from ..verdict import mistake_of
+from course_checks import verdict
+
+from .. import compare, messages, reference
+from ..exercises import module_for
+from ..messages import mistake_of
 
 
 @dataclass
@@ -75,18 +80,15 @@ class Judge:
     """The reference side of one assignment's checks, kept for a worker's lifetime."""
 
     def __init__(self, assignment: str, cells: list[tuple[str, str]]):
-        from ..exercises import module_for
-
         self.assignment = assignment
         self.cells = [tuple(cell) for cell in cells]
-        reference.provide(assignment, self.cells)
-        self.ref = reference.load(assignment)
+        self.ref = reference.from_cells(assignment, self.cells)
         self.exercises = module_for(assignment).EXERCISES
         self.setup_ids = {gid for gid, _ in self.cells if gid.startswith("setup")}
         self.defines = {gid: _defined_names(source) for gid, source in self.cells}
         self.uses = {gid: _used_names(source) for gid, source in self.cells}
         self._cases: dict[str, list] = {}
-        self._shipped: dict[str, tuple[str, set]] = {}
+        self._shipped: dict[str, tuple[str, str, set]] = {}
         self._expected: dict[str, list] = {}
         self._predicted: dict = {}
         self.lock = threading.Lock()
@@ -97,33 +99,28 @@ class Judge:
             self._cases[name] = list(self.exercises[name].cases(self.ref))
         return self._cases[name]
 
-    def _pickle_cases(self, name: str) -> tuple[str, set[str]]:
-        """The cases as shipped (reference objects they carry, by name), and those names."""
+    def _pickled(self, objects) -> tuple[str, set[str]]:
+        """``objects`` pickled for the sandbox, and the names of the reference objects they carry."""
+        module_name = self.ref.__name__
+        used: set[str] = set()
+
+        class Recorder(pickle.Pickler):
+            def reducer_override(self, obj):
+                if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
+                    if getattr(obj, "__module__", None) == module_name:
+                        used.add(obj.__qualname__.split(".")[0])
+                return NotImplemented
+
+        buffer = io.BytesIO()
+        Recorder(buffer, protocol=4).dump(objects)
+        return base64.b64encode(buffer.getvalue()).decode("ascii"), used
+
+    def _pickle_cases(self, name: str) -> tuple[str, str, set[str]]:
+        """The cases and the properties as shipped, and the reference objects they carry, by name."""
         if name not in self._shipped:
-            shipped = []
-            for case in self.cases(name):
-                if isinstance(case, ModuleCase):
-                    case.reference_state()  # the weights travel, the reference class does not
-                    case = copy.copy(case)
-                    case.reference = None
-                shipped.append(case)
-            module_name = self.ref.__name__
-            used: set[str] = set()
-
-            class Recorder(pickle.Pickler):
-                def reducer_override(self, obj):
-                    if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
-                        if getattr(obj, "__module__", None) == module_name:
-                            used.add(obj.__qualname__.split(".")[0])
-                    return NotImplemented
-
-            import io
-
-            buffer = io.BytesIO()
-            Recorder(buffer, protocol=4).dump(shipped)
-            import base64
-
-            self._shipped[name] = (base64.b64encode(buffer.getvalue()).decode("ascii"), used)
+            cases, used = self._pickled(self.cases(name))
+            properties, used_too = self._pickled(list(self.exercises[name].properties))
+            self._shipped[name] = (cases, properties, used | used_too)
         return self._shipped[name]
 
     def _cells_for(self, names: set[str]) -> list[str]:
@@ -153,7 +150,7 @@ class Judge:
         """
         exercise = self.exercises[name]
         own = {name, exercise.target or name}  # what this check grades: its reference stays here
-        cases, used = self._pickle_cases(name)
+        cases, properties, used = self._pickle_cases(name)
         needed = set(exercise.depends_on) | set(exercise.reference_uses) | used
         cell_ids = self._cells_for(needed) if needed else []
         for gid in cell_ids:
@@ -172,7 +169,13 @@ class Judge:
                     "keep the notebook's cells in their original order."
                 }
         source = dict(self.cells)
-        return {"cells": [(gid, source[gid]) for gid in cell_ids], "cases": cases}
+        return {
+            "cells": [(gid, source[gid]) for gid in cell_ids],
+            "target": exercise.target or name,
+            "depends_on": list(exercise.depends_on),
+            "properties": properties,
+            "cases": cases,
+        }
 
     def mistake_name(self, name: str, mistake_id: str | None) -> str | None:
         """The learner-facing name of a catalogued mistake (for the class report)."""
@@ -208,11 +211,11 @@ class Judge:
     def verdict(self, name: str, problem, outputs, tampered) -> str | None:
         """The learner-facing message for this check, or None when it passed."""
         if tampered:
-            return compare.tampering_message([str(t) for t in tampered])
+            return messages.tampering_message([str(t) for t in tampered])
         exercise = self.exercises[name]
         target = exercise.target or name  # the learner's object the messages are about
         if problem:
-            return compare.finish(target, str(problem)[:4000])
+            return messages.finish(target, str(problem)[:4000])
         cases = self.cases(name)
         try:
             budget = [verdict.MAX_ITEMS]  # shared by all the outputs of one check
@@ -223,7 +226,7 @@ class Judge:
             return f"`{target}`: the check did not receive an output for every case."
         with self.lock:
             problem = compare.disagreement(exercise, cases, values, self.expected(name), self.ref, self._predict(name))
-            return compare.finish(target, problem)
+            return messages.finish(target, problem)
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -333,7 +336,7 @@ class VerdictServer:
                 checked = set(self.checked)
                 self.checked.add(name)  # from now on its dependants may see its reference
                 if tampered:
-                    record.finished, record.message = True, compare.tampering_message(tampered)
+                    record.finished, record.message = True, messages.tampering_message(tampered)
                     return {"message": record.message}
         judge = self.judges[assignment]
         if op == "begin":

@@ -35,7 +35,9 @@ from traitlets import Any
 from .cells import tracked_id
 
 # Modules whose attributes a notebook has no business replacing.
-WATCHED_MODULES = {"torch", "numpy", "math", "builtins", "autograder", "sys", "IPython", "nbgrader"}
+# the grader and its kernel side: what no submission has a reason to touch
+GRADING_PACKAGES = ("autograder", "course_checks")
+WATCHED_MODULES = {"torch", "numpy", "math", "builtins", *GRADING_PACKAGES, "sys", "IPython", "nbgrader"}
 # ... except these, which honest notebooks do set.
 ALLOWED_PREFIXES = ("torch.backends.", "numpy.set_printoptions", "sys.setrecursionlimit")
 
@@ -233,12 +235,14 @@ _FUNCTION_INNARDS = {
     "__bases__",
 }
 # Findings that mean the grading helpers themselves may have been changed.
-_FORGING = ("autograder", "sys.modules", "a function's", "computed object")
+_FORGING = (*GRADING_PACKAGES, "sys.modules", "a function's", "computed object")
 
 
 def forges_helpers(finding: str) -> bool:
     """Whether a ``suspicious_code`` finding touches the grading helpers (the check, the wire)."""
-    return any(word in finding for word in _FORGING) and not finding.startswith("imports autograder")
+    return any(word in finding for word in _FORGING) and not finding.startswith(
+        tuple(f"imports {package}" for package in GRADING_PACKAGES)
+    )
 
 
 def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -> list[str]:
@@ -277,12 +281,10 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
     found = []
     for tree in trees:
         for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Constant)
-                and isinstance(node.value, str)
-                and ("autograder" in node.value or "AUTOGRADER_" in node.value)
-            ):
-                found.append("names the grading package autograder in a string (an indirect route to it)")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for package in GRADING_PACKAGES:
+                    if package in node.value or package == "autograder" and "AUTOGRADER_" in node.value:
+                        found.append(f"names the grading package {package} in a string (an indirect route to it)")
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr in _FUNCTION_INNARDS
@@ -329,7 +331,7 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for module in modules:
-                    if module.split(".")[0] in ("autograder", "ctypes", "nbgrader", "importlib", "gc"):
+                    if module.split(".")[0] in (*GRADING_PACKAGES, "ctypes", "nbgrader", "importlib", "gc"):
                         found.append(f"imports {module}")
     return list(dict.fromkeys(found))
 

@@ -7,8 +7,8 @@ every notebook. The sandbox has
 
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
-  environment, the course's own Python packages (``autograder``, the
-  widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
+  environment, the course's own Python packages (``autograder``, the kernel
+  side ``course_checks``, the widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
   and none of the class's data (``coursework/``: gradebook, submissions, feedback);
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
@@ -74,9 +74,13 @@ PRELOAD = [
     "matplotlib_inline.backend_inline",
     "ipywidgets",
     "ipympl.backend_nbagg",
-    "autograder.trusted",
-    "autograder.checks",
-    "autograder.verdict",
+    # the kernel side's stateless modules, and the snapshot (taken here, before any notebook);
+    # ``course_checks.checks`` reads the kernel's own environment, so each kernel imports it
+    "course_checks.trusted",
+    "course_checks.verdict",
+    "course_checks.cases",
+    "course_checks.modules",
+    "course_checks.course",
 ]
 
 
@@ -151,8 +155,8 @@ def _python_roots() -> list[Path]:
     return [r for r in kept if not r.is_relative_to(Path("/usr"))]
 
 
-def _widgets_folder() -> Path | None:
-    spec = importlib.util.find_spec("course_widgets")
+def _package_folder(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(list(spec.submodule_search_locations)[0]).resolve()
@@ -171,9 +175,11 @@ def read_only_binds(course_root: Path) -> list[tuple[str, Path, Path]]:
     for root in _python_roots():
         binds.append(("--ro-bind", root, root))
     binds.append(("--ro-bind", PACKAGE, PACKAGE))  # code only: the class's data is in coursework/
-    widgets = _widgets_folder()
-    if widgets is not None:
-        binds.append(("--ro-bind", widgets, widgets))
+    for name in ("course_checks", "course_widgets"):
+        folder = _package_folder(name)
+        if folder is not None:
+            binds.append(("--ro-bind", folder, folder))
+    widgets = _package_folder("course_widgets")
     # The course's data: beside the notebooks, and beside the widget package,
     # which reads it from there (notebook 07's corpus), when the two differ.
     for assets in dict.fromkeys([course_root / "assets", *([widgets.parent / "assets"] if widgets else [])]):
@@ -749,7 +755,7 @@ def probe(course_root: Path) -> str | None:
             run_dir,
             Path(course_root).resolve() / "notebooks",
             Limits(),
-            [sys.executable, "-s", "-c", "import autograder.verdict"],
+            [sys.executable, "-s", "-c", "import course_checks.verdict"],
             os.geteuid() == 0,
         )
         result = subprocess.run(command, capture_output=True, text=True, timeout=120)

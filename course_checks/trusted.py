@@ -1,6 +1,6 @@
 """A snapshot of the functions the checks rely on, taken before student code runs.
 
-nbgrader imports this module when each graded kernel starts (see
+Every graded kernel imports it first, through ``kernel_boot`` (see
 ``nbgrader_config.py``), so the snapshot holds the real ``torch.allclose`` and
 friends. ``replaced()`` then lists what student code has swapped out since: a
 check that finds anything refuses to give points, because any comparison it
@@ -80,7 +80,7 @@ _INTERPRETER_CACHES = {"__slotnames__"}
 
 
 # ---------------------------------------------------------------- the grading helpers
-# ``seal`` (called once checks.py, verdict.py and this module are loaded, before any
+# ``seal`` (called by ``kernel_boot`` once the helpers are loaded, before any
 # student code) records the helpers as they are: each module's place in
 # sys.modules, every name in it, and for every function (module-level, or a
 # method of a class defined there) the function object, its code, defaults and
@@ -166,7 +166,3 @@ allclose = torch.allclose
 isfinite = torch.isfinite
 isnan = torch.isnan
 as_tensor = torch.as_tensor
-
-# Loading the checks seals the grading helpers (``seal``): graded kernels import this
-# module before any student code, so the helpers are recorded as the grader shipped them.
-__import__(f"{__package__}.checks")  # binds no name here: the sealed module stays as sealed

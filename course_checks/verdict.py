@@ -1,12 +1,14 @@
 """The wire between a sandboxed notebook's ``check`` and the trusted grader outside.
 
-Inside the sandbox ``check`` (``checks._check_outside``) asks the grader, over a
-Unix socket whose path is in ``AUTOGRADER_VERDICTS``, for the cases to run
-(``begin``), runs the learner's function on them, and sends the outputs back
-(``result``); the grader (``judge.Judge``) compares them with the reference
-and answers with the message to show, or none when the check passed. The
-grader records that verdict itself: whatever the notebook does with the answer,
-its points come from the grader's record.
+Inside the sandbox ``check`` (``checks.diagnose``) asks the grader, over a Unix
+socket whose path is in ``AUTOGRADER_VERDICTS`` (read once, as the kernel starts),
+for the cases to run (``begin``), runs the learner's function on them, and sends
+the outputs back (``result``); the grader (``autograder.judging.judge``) compares
+them with the reference and answers with the message to show, or none when the
+check passed. The grader records that verdict itself: whatever the notebook does
+with the answer, its points come from the grader's record. ``Link`` is one of
+the two judges ``checks`` knows (the other, ``autograder.local_judge``, judges in
+the kernel itself).
 
 Messages are one JSON line each way. Outputs cross as plain data (``encode``:
 numbers, strings, tensors as dtype, shape and raw bytes, sequences): the grader
@@ -23,6 +25,9 @@ import os
 import pickle
 import re
 import socket
+
+from .cases import Shipment
+from .modules import module_from_cells
 
 ENVIRONMENT = "AUTOGRADER_VERDICTS"
 MAX_MESSAGE = 64 * 1024 * 1024  # bytes of one message, either way
@@ -48,18 +53,11 @@ TENSOR_DTYPES = (
 
 
 CHECK_CALL = re.compile(r"""check\(\s*["']([^"']+)["']\s*,\s*["']([^"']+)["']""")
-MISTAKE_TAG = re.compile(r"\[mistake:([a-z0-9][a-z0-9_-]{0,59})\]\s*$")
 
 
 def expected_checks(source: str) -> list[tuple[str, str]]:
     """(assignment, exercise) of each ``check(...)`` call in a grade cell's source."""
     return CHECK_CALL.findall(source)
-
-
-def mistake_of(message: str | None) -> str | None:
-    """The ``[mistake:<id>]`` a check's message ends with, if any."""
-    found = MISTAKE_TAG.search(message or "")
-    return found.group(1) if found else None
 
 
 class ProtocolError(ValueError):
@@ -218,16 +216,24 @@ class Link:
             write_line(stream, message)
             return read_line(stream)
 
-    def begin(self, assignment: str, name: str, tampered) -> dict:
-        """{"message": why not} or {"cells": reference cells to build, "cases": the cases, packed}.
+    def begin(self, assignment: str, name: str, tampered):
+        """The grader's refusal (a message), or the ``checks.Shipment`` to observe with.
 
-        The cases are unpacked (``unpack``) once the cells are built: they may carry
+        The reference cells it sends (the exercise's dependencies) are built into a module
+        first; then the cases and properties are unpacked (``unpack``): they may carry
         objects of the classes those cells define (a reference config, a model).
         """
         reply = self.ask({"op": "begin", "assignment": assignment, "name": name, "tampered": list(tampered)})
         if reply.get("message"):
-            return {"message": reply["message"]}
-        return {"cells": reply.get("cells", []), "cases": reply["cases"]}
+            return str(reply["message"])
+        reference = module_from_cells(assignment, reply.get("cells", []))
+        return Shipment(
+            target=str(reply["target"]),
+            depends_on=tuple(reply.get("depends_on", ())),
+            properties=tuple(unpack(reply["properties"])),
+            reference=reference,
+            cases=list(unpack(reply["cases"])),
+        )
 
     def result(self, assignment: str, name: str, problem, outputs, tampered) -> str | None:
         """The grader's message for the learner, or None when the check passed."""
@@ -247,10 +253,12 @@ class Link:
         )
         return reply.get("message")
 
-    def report_missing(self, assignment: str, name: str, message: str, tampered) -> None:
-        self.ask(
+    def missing(self, assignment: str, name: str, message: str, tampered) -> str:
+        """Tell the grader the learner's object is not defined; its message for the learner."""
+        reply = self.ask(
             {"op": "missing", "assignment": assignment, "name": name, "problem": message, "tampered": list(tampered)}
         )
+        return reply.get("message") or message
 
 
 def link() -> Link | None:

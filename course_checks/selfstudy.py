@@ -7,13 +7,15 @@ cannot change them)::
     show_solution("01_attention", "softmax")           # under each exercise
     progress("01_attention")                           # near the top; progress() in 00 shows the course
 
-Two modes, decided per assignment by whether its reference notebook is in
-``solutions/`` (``reference.solutions_dir()``):
+Two modes, decided per assignment by whether its reference notebook is in a
+``solutions/`` folder above the notebook (``course.solutions_root``) and the grader
+package is installed to judge with it:
 
 * self-study (a clone or Binder): ``self_assess`` runs the grader's hidden check
-  (``checks.check``) on the learner's functions and prints what the feedback
-  would say (the named misconception and its hint, never the test code);
-  ``show_solution`` shows the exercise's reference cell once its check has run;
+  (``checks.diagnose``, with the in-kernel judge) on the learner's functions and
+  prints what the feedback would say (the named misconception and its hint, never
+  the test code); ``show_solution`` shows the exercise's reference cell once its
+  check has run;
 * class mode (no ``solutions/``): ``self_assess`` says in one line that the cell
   runs the visible checks alone; ``show_solution`` says the instructor has them.
 
@@ -28,21 +30,15 @@ no line of this module can change a grade.
 
 from __future__ import annotations
 
-import contextlib
 import html
-import importlib
-import io
 import json
 import os
-import pkgutil
-import re
 import tempfile
 import time
 from pathlib import Path
 
-from . import reference
-from .checks import CheckFailed, check
-from .exercises import exercise, module_for
+from . import course
+from .checks import diagnose, judge_for
 
 PROGRESS_FILE = ".progress.json"
 NOT_TRIED, FAILS, PASSES = "not tried", "fails", "passes"
@@ -54,8 +50,8 @@ def grading() -> bool:
 
 
 def self_study(assignment: str) -> bool:
-    """Self-study mode: the reference notebook of ``assignment`` is at hand."""
-    return (reference.solutions_dir() / assignment / f"{assignment}.ipynb").is_file()
+    """Self-study mode: the reference notebook of ``assignment`` is at hand, and a judge to use it."""
+    return judge_for(assignment) is not None
 
 
 # ---------------------------------------------------------------- the progress file
@@ -63,8 +59,7 @@ def self_study(assignment: str) -> bool:
 
 def progress_path() -> Path:
     """``.progress.json`` in the folder that holds the notebook folders (the kernel runs in one of them)."""
-    here = Path.cwd()
-    return (here.parent if re.match(r"\d\d_", here.name) else here) / PROGRESS_FILE
+    return course.notebooks_root() / PROGRESS_FILE
 
 
 def read_progress() -> dict:
@@ -100,17 +95,7 @@ def record(assignment: str, name: str, status: str) -> None:
 
 
 def exercise_names(assignment: str) -> list[str]:
-    return list(module_for(assignment).EXERCISES)
-
-
-def course() -> list[str]:
-    """Every assignment with a catalogue, in course order (class mode has no solutions/ to list)."""
-    from . import exercises
-
-    names = [info.name for info in pkgutil.iter_modules(exercises.__path__)]
-    modules = [importlib.import_module(f"{exercises.__name__}.{name}") for name in names]
-    # a notebook's catalogue names its assignment; the package's other modules (``catalogue``) do not
-    return sorted(module.ASSIGNMENT for module in modules if hasattr(module, "ASSIGNMENT"))
+    return course.exercise_names(assignment)
 
 
 # ---------------------------------------------------------------- the check cell
@@ -132,29 +117,19 @@ def self_assess(assignment: str, name: str, namespace: dict) -> None:
 
 def _diagnose(assignment: str, name: str, namespace: dict) -> bool:
     """Run the grader's check on the learner's code, print its verdict, leave the namespace as it was."""
-    dependencies = exercise(assignment, name).depends_on
-    saved = {dep: namespace[dep] for dep in dependencies if dep in namespace}
+    from autograder.messages import without_tag  # self-study has the grader package (see self_study)
+
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # check's own "passed" line is the grader's
-            check(assignment, name, namespace)
-        passed, message = True, None
-    except CheckFailed as failure:
-        passed, message = False, str(failure)
+        outcome = diagnose(assignment, name, namespace)
+        # the visible checks after this line must see the learner's own functions
+        outcome.restore()
+        passed, message = outcome.passed, outcome.message
     except Exception as error:  # the self-check must never break the cell
         passed, message = False, f"the self-check could not run: {type(error).__name__}: {error}"
-    finally:
-        # check keeps the reference dependencies until the cell ends when it passes;
-        # here the visible checks must see the learner's own functions, as before
-        for dep in dependencies:
-            if dep in saved:
-                namespace[dep] = saved[dep]
-            else:
-                namespace.pop(dep, None)
     if passed:
         print(f"Self-check: `{name}` passes the grader's hidden checks.")
     else:
-        message = re.sub(r"\s*\[mistake:[\w-]+\]\s*$", "", message)
-        print(f"Self-check: `{name}` fails a hidden check. The grader's feedback would say:\n  {message}")
+        print(f"Self-check: `{name}` fails a hidden check. The grader's feedback would say:\n  {without_tag(message)}")
     return passed
 
 
@@ -194,8 +169,12 @@ def show_solution(assignment: str, name: str) -> None:
             "then run this cell again to see the reference solution."
         )
         return
+    from autograder import reference  # self-study has the grader package (see self_study)
+    from autograder.exercises import exercise
+
     wanted = exercise(assignment, name).target or name
-    sources = [source for grade_id, source in reference.source_cells(assignment) if grade_id == wanted]
+    solutions = course.solutions_root(assignment)
+    sources = [source for grade_id, source in reference.source_cells(assignment, solutions) if grade_id == wanted]
     code = "\n".join(
         line
         for line in "\n".join(sources).splitlines()
@@ -231,7 +210,7 @@ def _view(assignment: str | None) -> tuple[str, str]:
     if assignment is None:
         title = "Your progress in the course"
         total = passing = 0
-        for each in course():
+        for each in course.assignments():
             statuses, k = _counts(each, recorded)
             total, passing = total + len(statuses), passing + k
             fails = sum(s == FAILS for s in statuses.values())
