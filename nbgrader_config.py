@@ -28,7 +28,7 @@ c.Execute.extra_arguments = [
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-    "autograder.judging.feedback.HideHiddenTests",
+    "autograder.worker.feedback.HideHiddenTests",
 ]
 
 # Flat, LMS-style file names (an LMS's bulk download, `./course grade --from

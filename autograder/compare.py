@@ -4,7 +4,7 @@
 kind, shape, values); ``disagreement`` goes over every case of an exercise and,
 when some differ, looks through the exercise's catalogue of known mistakes for
 one whose mutant reproduces every difference. Under ``./course grade`` it runs only
-outside the sandbox, in the judge (``autograder.judging.judge``); under stock nbgrader
+outside the sandbox, in the judge (``autograder.worker.judge``); under stock nbgrader
 and in self-study, in the learner's kernel (``autograder.local_judge``).
 
 A message about a catalogued mistake ends with its ``[mistake:<id>]`` (``messages``).

@@ -2,7 +2,7 @@
 
 ``course_checks.checks`` asks a judge for what to observe (``begin``) and for the verdict on
 what it observed (``result``). Under ``./course grade`` the judge is outside the sandbox
-(``judging.judge``, over the wire); where no sandbox is (``nbgrader autograde``, a learner's
+(``worker.judge``, over the wire); where no sandbox is (``nbgrader autograde``, a learner's
 clone with ``solutions/``) it is this one, in the kernel itself, reading the reference from
 the solution notebooks and the cases and mistakes from the catalogues. Either way the same
 catalogue and the same comparison (``compare``) decide.
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course_checks.cases import Shipment
-from course_checks.checks import observe
+from course_checks.cases import Shipment, observe
 
 from . import compare, messages, reference
 from .exercises import exercise as find_exercise

@@ -23,6 +23,7 @@ from pathlib import Path
 from course_checks.modules import module_from_cells
 
 from . import REPOSITORY
+from .cells import nbgrader_of
 
 
 def reference_cells(notebook: dict):
@@ -30,7 +31,7 @@ def reference_cells(notebook: dict):
     for cell in notebook["cells"]:
         if cell["cell_type"] != "code":
             continue
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = nbgrader_of(cell)
         grade_id = meta.get("grade_id", "")
         answer = meta.get("solution", False) and not meta.get("grade", False)
         setup = meta.get("locked", False) and not meta.get("grade", False) and grade_id.startswith("setup")

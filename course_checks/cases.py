@@ -1,5 +1,6 @@
 """How a check runs the learner's code on one input: ``Case`` (call a function) and ``ModuleCase``
-(build an ``nn.Module`` with given weights, call it); and ``Shipment``, all a judge hands a check.
+(build an ``nn.Module`` with given weights, call it); ``observe`` runs it on every case of a check;
+and ``Shipment``, all a judge hands a check.
 
 A case describes an input and how to feed it to the learner's object; it computes no answer of
 its own. The grader's catalogues (``autograder/exercises/``) make the cases; under ``./course
@@ -68,3 +69,50 @@ class Shipment:
     properties: tuple  # whole-object checks, each (learner, reference) -> message or None
     reference: Any  # the reference objects this check may use: its dependencies, nothing of its own
     cases: list  # what to run the learner's code on (``cases.Case``)
+
+
+def _snapshot_inputs(case):
+    import torch
+
+    return [v.clone() if isinstance(v, torch.Tensor) else None for v in (*case.args, *case.kwargs.values())]
+
+
+def _inputs_changed(case, before) -> bool:
+    import torch
+
+    for value, saved in zip((*case.args, *case.kwargs.values()), before):
+        if saved is not None and not torch.equal(value, saved):
+            return True
+    return False
+
+
+def _describe_error(name: str, error: BaseException, case) -> str:
+    if isinstance(error, NotImplementedError):
+        return f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code."
+    return f"`{name}` raised {type(error).__name__}: {error} (on {case.label})."
+
+
+@dataclass
+class Observation:
+    outputs: list
+    problem: str | None = None  # why the outputs stop short (an error, an input changed in place)
+    unfinished: bool = False  # the problem is the stub's NotImplementedError
+
+
+def observe(name: str, learner, cases) -> Observation:
+    """Run the learner's ``learner`` on every case, until the first that fails."""
+    outputs = []
+    for case in cases:
+        before = _snapshot_inputs(case)
+        try:
+            actual = case.run(learner)
+        except Exception as error:  # the learner's code may raise anything
+            return Observation(outputs, _describe_error(name, error, case), isinstance(error, NotImplementedError))
+        if _inputs_changed(case, before):
+            return Observation(
+                outputs,
+                f"`{name}` changed its input in place (on {case.label}); "
+                "compute new tensors instead of modifying the arguments.",
+            )
+        outputs.append(actual)
+    return Observation(outputs)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import course, trusted, verdict
+from .cases import Observation, observe
 
 _MISSING = object()
 
@@ -56,56 +57,6 @@ class Diagnosis:
     available: bool = True  # False: no judge here (class mode), nothing was checked
     depends_on: tuple[str, ...] = ()
     restore: Callable[[], None] = field(default=lambda: None, repr=False)  # undoes the substitution
-
-
-# ---------------------------------------------------------------- observing the learner's code
-
-
-def _snapshot_inputs(case):
-    import torch
-
-    return [v.clone() if isinstance(v, torch.Tensor) else None for v in (*case.args, *case.kwargs.values())]
-
-
-def _inputs_changed(case, before) -> bool:
-    import torch
-
-    for value, saved in zip((*case.args, *case.kwargs.values()), before):
-        if saved is not None and not torch.equal(value, saved):
-            return True
-    return False
-
-
-def _describe_error(name: str, error: BaseException, case) -> str:
-    if isinstance(error, NotImplementedError):
-        return f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code."
-    return f"`{name}` raised {type(error).__name__}: {error} (on {case.label})."
-
-
-@dataclass
-class Observation:
-    outputs: list
-    problem: str | None = None  # why the outputs stop short (an error, an input changed in place)
-    unfinished: bool = False  # the problem is the stub's NotImplementedError
-
-
-def observe(name: str, learner, cases) -> Observation:
-    """Run the learner's ``learner`` on every case, until the first that fails."""
-    outputs = []
-    for case in cases:
-        before = _snapshot_inputs(case)
-        try:
-            actual = case.run(learner)
-        except Exception as error:  # the learner's code may raise anything
-            return Observation(outputs, _describe_error(name, error, case), isinstance(error, NotImplementedError))
-        if _inputs_changed(case, before):
-            return Observation(
-                outputs,
-                f"`{name}` changed its input in place (on {case.label}); "
-                "compute new tensors instead of modifying the arguments.",
-            )
-        outputs.append(actual)
-    return Observation(outputs)
 
 
 # ---------------------------------------------------------------- the check

@@ -33,12 +33,12 @@ from __future__ import annotations
 import html
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 
 from . import course
 from .checks import diagnose, judge_for
+from .files import write_atomically
 
 PROGRESS_FILE = ".progress.json"
 NOT_TRIED, FAILS, PASSES = "not tried", "fails", "passes"
@@ -84,10 +84,7 @@ def record(assignment: str, name: str, status: str) -> None:
         data = {}
     data.setdefault("assignments", {}).setdefault(assignment, {})[name] = {"status": status, "time": time.time()}
     try:
-        handle, scratch = tempfile.mkstemp(prefix=".progress-", dir=path.parent)
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1, sort_keys=True)
-        os.replace(scratch, path)
+        write_atomically(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError as error:  # a read-only folder: progress is a convenience, never an error
         print(f"(progress not saved: {error})")
         return

@@ -3,7 +3,7 @@
 Inside the sandbox ``check`` (``checks.diagnose``) asks the grader, over a Unix
 socket whose path is in ``AUTOGRADER_VERDICTS`` (read once, as the kernel starts),
 for the cases to run (``begin``), runs the learner's function on them, and sends
-the outputs back (``result``); the grader (``autograder.judging.judge``) compares
+the outputs back (``result``); the grader (``autograder.worker.judge``) compares
 them with the reference and answers with the message to show, or none when the
 check passed. The grader records that verdict itself: whatever the notebook does
 with the answer, its points come from the grader's record. ``Link`` is one of

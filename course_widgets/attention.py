@@ -8,16 +8,8 @@ import ipywidgets as widgets
 import torch
 from matplotlib.patches import Rectangle
 
-from .base import Explorer, LearnerFunctionProblem, call_learner
+from .base import Explorer, call_learner, expect_tensor
 from .plots import heatmap
-
-
-def _expect_shape(name: str, value, shape: tuple) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
-    if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
-    return value.detach().to(torch.float64)
 
 
 def _vector(values) -> str:
@@ -69,8 +61,8 @@ class AttentionHeatmap(Explorer):
     def update(self) -> None:
         T, S = self.q.shape[0], self.k.shape[0]
         q = self.q * self.sharpen.value
-        weights = _expect_shape("attention_weights", call_learner(self.attention_weights, q, self.k), (T, S))
-        output = _expect_shape("attention", call_learner(self.attention, q, self.k, self.v), (T, self.v.shape[1]))
+        weights = expect_tensor("attention_weights", call_learner(self.attention_weights, q, self.k), (T, S))
+        output = expect_tensor("attention", call_learner(self.attention, q, self.k, self.v), (T, self.v.shape[1]))
         self.weights, self.output = weights, output
         t = self.query.value
         self.image.set_data(weights.numpy())
@@ -132,7 +124,7 @@ class ScalingExplorer(Explorer):
 
     def weights(self, d: int, scaled: bool) -> torch.Tensor:
         scores = self.scores(d) / (math.sqrt(d) if scaled else 1.0)
-        return _expect_shape("softmax", call_learner(self.softmax, scores), scores.shape)
+        return expect_tensor("softmax", call_learner(self.softmax, scores), scores.shape)
 
     def update(self) -> None:
         if self.curves is None:

@@ -60,6 +60,22 @@ def call_learner(function: Callable, *args: Any, **kwargs: Any) -> Any:
         ) from None
 
 
+def expect_tensor(name: str, value, shape, *, dtype=None, detach: bool = True):
+    """The learner's ``value`` once it is a tensor of ``shape`` (and ``dtype``, when given), else a
+    ``LearnerFunctionProblem`` saying what came back instead. Detached as float64 (what the widgets
+    draw), unless ``detach`` is False (a value still in autograd's graph, or a mask)."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
+    if dtype is not None and value.dtype != dtype:
+        wanted = "booleans (True = may attend)" if dtype == torch.bool else f"dtype {dtype}"
+        raise LearnerFunctionProblem(f"`{name}` returned dtype {value.dtype}; it should return {wanted}.")
+    if tuple(value.shape) != tuple(shape):
+        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
+    return value.detach().to(torch.float64) if detach else value
+
+
 def unfinished_exercise(error: NotImplementedError) -> str:
     """The learner's function or class that raised ``error``: where the innermost frame of its traceback is."""
     traceback = error.__traceback__

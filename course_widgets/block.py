@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from matplotlib.ticker import NullLocator
 
-from .base import Explorer, LearnerFunctionProblem, call_learner
+from .base import Explorer, LearnerFunctionProblem, call_learner, expect_tensor
 
 
 @contextlib.contextmanager
@@ -48,19 +48,6 @@ def _load(module, state: dict, what: str) -> None:
             f"{what} could not take the weights this widget gives it; keep the contract's names "
             f"({', '.join(state)}) as nn.Linear layers without bias. ({type(error).__name__}: {error})"
         ) from None
-
-
-def _checked(name: str, value, shape) -> torch.Tensor:
-    """``value`` itself (still in autograd's graph), once it is a tensor of the expected shape."""
-    if not isinstance(value, torch.Tensor):
-        raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
-    if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
-    return value
-
-
-def _as_output(name: str, value, shape) -> torch.Tensor:
-    return _checked(name, value, shape).detach().to(torch.float64)
 
 
 class SiluGateExplorer(Explorer):
@@ -129,7 +116,7 @@ class SiluGateExplorer(Explorer):
         rows = torch.stack([z.float(), torch.ones(len(z))], dim=-1)  # inputs (z, 1)
         with torch.no_grad():
             output = call_learner(_named("SwiGLU.forward", module), rows)
-        return _as_output("SwiGLU.forward", output, (len(z), 2))
+        return expect_tensor("SwiGLU.forward", output, (len(z), 2))
 
     def update(self) -> None:
         z, up = self.z.value, self.up.value
@@ -315,7 +302,8 @@ class ResidualStreamExplorer(Explorer):
             for style, step in self._steps().items():
                 xs = [self.x0.clone().requires_grad_(True) * 1.0]  # not a leaf: a forward may write into x
                 for block in blocks:
-                    xs.append(_checked("TransformerBlock.forward", call_learner(step, block, xs[-1]), self.x0.shape))
+                    output = call_learner(step, block, xs[-1])
+                    xs.append(expect_tensor("TransformerBlock.forward", output, self.x0.shape, detach=False))
                 if not xs[-1].requires_grad:
                     raise LearnerFunctionProblem(
                         f"No gradient flows through {step.__name__}: does it detach x or run under "

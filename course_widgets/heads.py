@@ -22,19 +22,11 @@ import numpy as np
 import torch
 from matplotlib.patches import Rectangle
 
-from .base import Explorer, LearnerFunctionProblem, call_learner
+from .base import Explorer, LearnerFunctionProblem, call_learner, expect_tensor
 from .plots import nice_ceiling
 
 TOKEN_COLOURS = [matplotlib.colors.to_rgb(c) for c in matplotlib.colormaps["tab10"].colors]
 HEAD_COLOURS = TOKEN_COLOURS
-
-
-def _tensor(name: str, value, shape: tuple) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
-    if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
-    return value.detach().to(torch.float64)
 
 
 def _named_call(name: str, function):
@@ -138,8 +130,8 @@ class ShapeWalk(Explorer):
     def update(self) -> None:
         H, followed = self.heads.value, self.token.value
         Dh = self.D // H
-        split = _tensor("split_heads", call_learner(self.split_heads, self.x.clone(), H), (1, H, self.T, Dh))
-        merged = _tensor("merge_heads", call_learner(self.merge_heads, split.clone()), (1, self.T, self.D))
+        split = expect_tensor("split_heads", call_learner(self.split_heads, self.x.clone(), H), (1, H, self.T, Dh))
+        merged = expect_tensor("merge_heads", call_learner(self.merge_heads, split.clone()), (1, self.T, self.D))
         self.split, self.merged = split, merged
         panels = self._panels(split, merged)
         rows = max(blocks.shape[1] for _, blocks, _ in panels)
@@ -329,14 +321,16 @@ class HeadPatterns(Explorer):
         mask = torch.ones(T, T, dtype=torch.bool).tril() if self.causal.value else None
         with torch.no_grad():
             q, k, v = (
-                _tensor("split_heads", call_learner(self.split_heads, getattr(module, name)(self.x), H), (1, H, T, Dh))
+                expect_tensor(
+                    "split_heads", call_learner(self.split_heads, getattr(module, name)(self.x), H), (1, H, T, Dh)
+                )
                 for name in ("q_proj", "k_proj", "v_proj")
             )
-            weights = _tensor("attention_weights", call_learner(self.attention_weights, q, k, mask), (1, H, T, T))
-            head_outputs = _tensor("attention", call_learner(self.attention, q, k, v, mask), (1, H, T, Dh))
-            merged = _tensor("merge_heads", call_learner(self.merge_heads, head_outputs), (1, T, D))
+            weights = expect_tensor("attention_weights", call_learner(self.attention_weights, q, k, mask), (1, H, T, T))
+            head_outputs = expect_tensor("attention", call_learner(self.attention, q, k, v, mask), (1, H, T, Dh))
+            merged = expect_tensor("merge_heads", call_learner(self.merge_heads, head_outputs), (1, T, D))
             forward = _named_call("MultiHeadAttention", lambda: module(self.x, mask))
-            output = _tensor("MultiHeadAttention", call_learner(forward), (1, T, D))
+            output = expect_tensor("MultiHeadAttention", call_learner(forward), (1, T, D))
         self.weights, self.head_outputs, self.merged, self.output = weights[0], head_outputs[0], merged[0], output[0]
 
         picture = np.full((T, H * (T + 1) - 1), np.nan)

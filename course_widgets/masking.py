@@ -17,31 +17,10 @@ import torch
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
 
-from .base import Explorer, LearnerFunctionProblem, call_learner
+from .base import Explorer, call_learner, expect_tensor
 from .plots import heatmap, nice_ceiling
 
 CHANGED, UNCHANGED = "crimson", "0.7"
-
-
-def _expect_mask(value, shape: tuple) -> torch.Tensor:
-    """The learner's mask, checked: a boolean tensor of ``shape``."""
-    if not isinstance(value, torch.Tensor):
-        raise LearnerFunctionProblem(f"`causal_mask` returned {type(value).__name__}; it should return a tensor.")
-    if value.dtype != torch.bool:
-        raise LearnerFunctionProblem(
-            f"`causal_mask` returned dtype {value.dtype}; it should return booleans (True = may attend)."
-        )
-    if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(f"`causal_mask` returned shape {tuple(value.shape)}; here it should be {shape}.")
-    return value
-
-
-def _expect_shape(name: str, value, shape: tuple) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
-    if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {shape}.")
-    return value.detach().to(torch.float64)
 
 
 def _text_color(blocked: bool, brightness: float) -> str:
@@ -123,11 +102,15 @@ class MaskExplorer(Explorer):
 
     def update(self) -> None:
         T = self.x.shape[0]
-        mask = _expect_mask(call_learner(self.causal_mask, T), (T, T)) if self.causal.value else None
+        mask = None
+        if self.causal.value:
+            mask = expect_tensor(
+                "causal_mask", call_learner(self.causal_mask, T), (T, T), dtype=torch.bool, detach=False
+            )
         x, v = self.edited()
-        weights = _expect_shape("attention_weights", call_learner(self.attention_weights, x, x, mask), (T, T))
-        output = _expect_shape("attention", call_learner(self.attention, x, x, v, mask), tuple(v.shape))
-        original = _expect_shape(
+        weights = expect_tensor("attention_weights", call_learner(self.attention_weights, x, x, mask), (T, T))
+        output = expect_tensor("attention", call_learner(self.attention, x, x, v, mask), tuple(v.shape))
+        original = expect_tensor(
             "attention", call_learner(self.attention, self.x, self.x, self.v, mask), tuple(v.shape)
         )
         scores = (x @ x.T / math.sqrt(x.shape[1])).double()
@@ -215,7 +198,9 @@ class CacheMaskViewer(Explorer):
         if S < T:
             self.key_slider.value = T  # fires update() again with S = T
             return
-        mask = _expect_mask(call_learner(self.causal_mask, T, S), (T, S))
+        mask = expect_tensor(
+            "causal_mask", call_learner(self.causal_mask, T, S), (T, S), dtype=torch.bool, detach=False
+        )
         self.mask = mask
         self.image.set_data(mask.numpy().astype(float))
         self.image.set_extent((-0.5, S - 0.5, T - 0.5, -0.5))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import matplotlib.pyplot as plt
 import torch
 
 
@@ -32,17 +31,6 @@ def heatmap(axes, values, x_labels, y_labels, vmin=None, vmax=None, cmap="viridi
                     fontsize=9,
                 )
     return image, texts
-
-
-def show_matrix(values, x_labels=None, y_labels=None, title=None, fmt="{:.2f}", **kwargs):
-    """A one-off labelled heatmap of a small matrix, for notebook cells."""
-    values = torch.as_tensor(values, dtype=torch.float64)
-    rows, cols = values.shape
-    figure, axes = plt.subplots(figsize=(1 + 0.8 * cols, 0.8 + 0.6 * rows), layout="constrained")
-    heatmap(axes, values, x_labels or list(range(cols)), y_labels or list(range(rows)), fmt=fmt, **kwargs)
-    if title:
-        axes.set_title(title)
-    return figure
 
 
 def nice_ceiling(x: float) -> float:

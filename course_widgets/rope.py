@@ -24,17 +24,9 @@ import torch
 from matplotlib.collections import LineCollection
 from matplotlib.patches import Rectangle
 
-from .base import Explorer, LearnerFunctionProblem, call_learner
+from .base import Explorer, LearnerFunctionProblem, call_learner, expect_tensor
 
 PAIR_COLOURS = matplotlib.colormaps["tab10"]  # neighbouring pairs get unrelated colours
-
-
-def _expect_shape(name: str, value, shape: tuple) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
-    if tuple(value.shape) != tuple(shape):
-        raise LearnerFunctionProblem(f"`{name}` returned shape {tuple(value.shape)}; here it should be {tuple(shape)}.")
-    return value.detach().to(torch.float64)
 
 
 def _unit_pairs(n_positions: int, head_dim: int) -> torch.Tensor:
@@ -106,8 +98,8 @@ class PairRotation(Explorer):
 
     def update(self) -> None:
         d, m, i = self.head_dim, self.position.value, self.pair.value
-        theta = _expect_shape("rope_frequencies", call_learner(self.rope_frequencies, d, self.base), (d // 2,))
-        rotated = _expect_shape(
+        theta = expect_tensor("rope_frequencies", call_learner(self.rope_frequencies, d, self.base), (d // 2,))
+        rotated = expect_tensor(
             "apply_rope",
             call_learner(self.apply_rope, _unit_pairs(m + 1, d), torch.arange(m + 1), self.base),
             (m + 1, d),
@@ -212,7 +204,7 @@ class RelativeScores(Explorer):
     def rotated(self, vector: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
         N, d = len(positions), vector.shape[-1]
         out = call_learner(self.apply_rope, vector.expand(N, d).clone(), positions, base)
-        return _expect_shape("apply_rope", out, (N, d))
+        return expect_tensor("apply_rope", out, (N, d))
 
     def update(self) -> None:
         N = self.n_positions
@@ -308,7 +300,7 @@ class PairingExplorer(Explorer):
             finally:
                 self._adjusting = False
         i = self.pair.value
-        moved = _expect_shape(
+        moved = expect_tensor(
             "neighbour_to_half_split",
             call_learner(self.neighbour_to_half_split, torch.arange(d, dtype=torch.float64)),
             (d,),

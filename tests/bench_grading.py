@@ -374,10 +374,11 @@ def writer_rate(base: Path, count: int) -> float:
     """Notebooks per second the real writer commits: ``count`` synthetic results of one assignment
     (the reference notebook, its scores, comments and feedback page made once, as a worker would)."""
     from autograder.engine.course import CourseFolder
-    from autograder.engine.job import Result, grades_of
+    from autograder.engine.writer import Ledger, Writer
     from autograder.grade import quiet_library_warnings
-    from autograder.judging.feedback import FeedbackPages
-    from autograder.judging.writer import Ledger, Writer
+    from autograder.records import Result
+    from autograder.worker.feedback import FeedbackPages
+    from autograder.worker.verdicts import grades_of
 
     quiet_library_warnings()
     root = base / "writer"

@@ -104,7 +104,7 @@ def submit_all(course: Course, only=None) -> list[dict]:
 
 def verify(course: Course, entry: dict, summary: dict) -> None:
     """Assert what ``entry['expect']`` says about its graded submission (``summary``: its ledger row)."""
-    from autograder.judging.flags import REVIEW_FLAGS
+    from autograder.flags import REVIEW_FLAGS
 
     expect = entry.get("expect", {})
     student = entry["id"]

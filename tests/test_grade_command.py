@@ -21,7 +21,7 @@ import pytest
 from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
 from hostile_submissions import ASSIGNMENT, load_catalogue, submit_all, verify
 
-from autograder.judging.flags import REVIEW_FLAGS
+from autograder.flags import REVIEW_FLAGS
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 CATALOGUE = load_catalogue()

@@ -621,10 +621,11 @@ def _spec(template: Path):
 
 
 def test_fuzz_notebooks_are_rejected_or_graded_for_the_instructors_points(template, reference_bytes):
-    """Seeded random mutations of a valid notebook through the step that reads, restores and
-    sanitizes a submission before it runs: a clear rejection, or a notebook whose graded cells
-    are exactly the assignment's, with the assignment's points."""
-    from autograder.engine.job import Job, Rejected, Result, prepare
+    """Seeded random mutations of a valid notebook through the pipeline's steps before it runs (read,
+    restore, inspect, sanitize): a clear rejection, or a notebook whose graded cells are exactly the
+    assignment's, with the assignment's points."""
+    from autograder.records import Job, Rejected, Result
+    from autograder.worker.pipeline import STEPS, Grading, execute
 
     spec = _spec(template)
     points = {c.name: c.max_score for c in spec.view.notebook.grade_cells}
@@ -635,8 +636,11 @@ def test_fuzz_notebooks_are_rejected_or_graded_for_the_instructors_points(templa
         job = Job("fuzz", ASSIGNMENT, ASSIGNMENT, data, "fuzz/01_attention.ipynb", "d", spec, None)
         result = Result("fuzz", ASSIGNMENT, ASSIGNMENT, "d", spec.fingerprint, True, "")
         resources = {"nbgrader": {"student": "fuzz", "assignment": ASSIGNMENT, "notebook": ASSIGNMENT, "db_url": None}}
+        grading = Grading(job, None, {}, result, 0.0, resources=resources)
         try:
-            nb, _, _ = prepare(job, result, resources)
+            for step in STEPS[: STEPS.index(execute)]:  # everything before student code runs
+                step(grading)
+            nb = grading.nb
         except Rejected as rejection:
             assert "fuzz/01_attention.ipynb" in str(rejection) or "01_attention" in str(rejection)
             outcomes.setdefault(kind, [0, 0])[1] += 1

@@ -25,8 +25,8 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 IMPORTS = (
     "autograder.grade, autograder.release, autograder.local_judge, course_checks.kernel_boot, course_checks.verdict, "
     "autograder.engine.course, autograder.engine.collect, autograder.engine.runners, "
-    "autograder.engine.distributed, autograder.judging.writer, autograder.judging.report, "
-    "autograder.judging.feedback, autograder.sandboxing.bubblewrap, autograder.sandboxing.zygote, "
+    "autograder.engine.distributed, autograder.engine.writer, autograder.engine.report, "
+    "autograder.worker.pipeline, autograder.sandboxing.bubblewrap, autograder.sandboxing.zygote, "
     "autograder.exercises.attention, course_widgets, nbgrader.apps, dask.distributed, psycopg, torch"
 )
 
@@ -86,7 +86,7 @@ def test_the_wheel_holds_every_grading_subpackage(installed):
     for package in (
         "autograder",
         "autograder/engine",
-        "autograder/judging",
+        "autograder/worker",
         "autograder/sandboxing",
         "autograder/exercises",
     ):

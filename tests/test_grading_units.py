@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autograder.engine.collect import collect
-from autograder.judging.tamper import suspicious_code
+from autograder.worker.tamper import suspicious_code
 from course_checks import verdict
 
 # ---------------------------------------------------------------- the wire
@@ -220,7 +220,7 @@ def fake_judge(monkeypatch):
     import types
 
     from autograder.exercises import catalogue
-    from autograder.judging import judge
+    from autograder.worker import judge
 
     def cases(ref):
         g = torch.Generator().manual_seed(0)

@@ -18,10 +18,10 @@ import torch
 
 import course_checks.kernel_boot  # noqa: F401 (seals the grading helpers here, as in a graded kernel)
 from autograder import compare
-from autograder.judging.tamper import forges_helpers, suspicious_code
 from autograder.sandboxing.bubblewrap import HostAddress, Limits, SandboxHost, WarmSandbox, claim_slot
 from autograder.sandboxing.bubblewrap import probe as _probe
 from autograder.sandboxing.zygote import _wipe
+from autograder.worker.tamper import forges_helpers, suspicious_code
 from course_checks import checks, verdict
 
 

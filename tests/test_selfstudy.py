@@ -164,7 +164,7 @@ def test_progress_goes_from_not_tried_to_fails_to_passes_and_another_process_rea
     assert "01_attention: 1 of 3 pass" in later.stdout
     data = json.loads((notebooks_folder / ".progress.json").read_text())
     assert data["assignments"]["01_attention"]["softmax"]["status"] == "passes"
-    assert not list(notebooks_folder.glob(".progress-*"))  # the scratch file was renamed into place
+    assert not list(notebooks_folder.glob(".*.partial"))  # the scratch file was renamed into place
 
 
 def test_a_damaged_progress_file_counts_as_nothing_tried(notebooks_folder):

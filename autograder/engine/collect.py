@@ -29,11 +29,14 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from course_checks.files import write_atomically
+
+from ..flags import WRONG_FILE_NAME
 
 MAX_FILE = 200 * 1024 * 1024
 MAX_TOTAL = 2 * 1024 * 1024 * 1024
@@ -47,40 +50,6 @@ def usable_student_id(text: str) -> bool:
     """A student id that can become a folder name and a gradebook row: the whole text matches
     (no trailing newline or control character slips past an end-of-line anchor)."""
     return isinstance(text, str) and STUDENT_ID.fullmatch(text) is not None
-
-
-def file_atomically(source: Path | bytes, target: Path) -> None:
-    """Copy ``source`` (a file or its bytes) to ``target`` whole or not at all: a temporary file in
-    the same folder, synced, then renamed, so a kill never leaves a partial file under its name."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".partial", dir=target.parent)
-    try:
-        with os.fdopen(handle, "wb") as sink:
-            if isinstance(source, bytes):
-                sink.write(source)
-            else:
-                with open(source, "rb") as stream:
-                    shutil.copyfileobj(stream, sink, 1 << 20)
-            sink.flush()
-            os.fsync(sink.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-
-
-def sweep_partial(folder: Path) -> None:
-    """Remove the temporary files of filings a killed run left behind below ``folder``."""
-    if folder.is_dir():
-        for path in folder.rglob(".*.partial"):
-            try:
-                path.unlink()
-            except OSError:
-                pass
 
 
 @dataclass
@@ -158,7 +127,7 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                             f"{student}/{assignment}/{other.name}",
                             timestamp,
                             notes=[note],
-                            flags=["wrong-file-name"],
+                            flags=[WRONG_FILE_NAME],
                         )
                     )
                     unexpected = []
@@ -240,9 +209,9 @@ def from_flat(
             )
         else:
             if not target.exists() or target.read_bytes() != path.read_bytes():
-                file_atomically(path, target)
+                write_atomically(target, path)
             if timestamp:
-                file_atomically((timestamp + "\n").encode(), folder / "timestamp.txt")
+                write_atomically(folder / "timestamp.txt", timestamp + "\n")
         found.submissions.append(
             Submission(
                 student,
@@ -438,10 +407,10 @@ def _file_tree(found: Collection, submitted: Path, replace: bool) -> Collection:
                 "(use --replace to take the zip's)"
             )
         else:
-            file_atomically(submission.path, target)
+            write_atomically(target, submission.path)
             stamp = submission.path.parent / "timestamp.txt"
             if stamp.is_file():
-                file_atomically(stamp, folder / "timestamp.txt")
+                write_atomically(folder / "timestamp.txt", stamp)
         submission.path = target
         filed.submissions.append(submission)
     return filed

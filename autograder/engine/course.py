@@ -5,7 +5,7 @@ root (``coursework/``: submissions, graded notebooks, feedback, the gradebook,
 reports and the command's ``.work/`` folder: data only, never code), the
 source (``solutions/``) and release (``notebooks/``) folders. ``spec`` takes
 the snapshot of one notebook that every grading job carries
-(``job.AssignmentSpec``): the gradebook's cells, the released notebook, the
+(``records.AssignmentSpec``): the gradebook's cells, the released notebook, the
 reference cells, the released data files and the one fingerprint of all that
 grading depends on, the grading code's digest (``identity``) included.
 """
@@ -20,11 +20,10 @@ from pathlib import Path
 from course_checks.verdict import expected_checks
 
 from .. import reference
-from ..judging.cells import grade_id
-from ..judging.tamper import GradebookView
+from ..cells import grade_id
+from ..records import AssignmentSpec, GradebookView
 from ..sandboxing.bubblewrap import Limits
 from .identity import code_digest
-from .job import AssignmentSpec
 
 
 class CourseFolder:

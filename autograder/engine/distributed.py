@@ -5,7 +5,7 @@ address (``--scheduler`` or Dask's own ``DASK_SCHEDULER_ADDRESS``), the grade
 command sends each submission notebook as one ``dask.distributed`` task
 instead. Nothing else changes:
 
-- A task carries the whole ``job.Job``: the submission's bytes and the
+- A task carries the whole ``records.Job``: the submission's bytes and the
   snapshot of its assignment (released notebook, gradebook cells, reference
   cells, released data files). Workers need no shared folder, only a checkout
   of the same course (the same grader code, checked: ``code_digest``) set up
@@ -20,7 +20,7 @@ instead. Nothing else changes:
   and a result is committed once, when its task's future completes. A
   submission that was running each time ``allowed-failures`` + 1 workers died
   (``./course scheduler`` sets 2: three tries) ends as ``KilledWorker``; it is
-  recorded as failed (``job.failed_result``: no points, flagged, the next run
+  recorded as failed (``worker.read.failed_result``: no points, flagged, the next run
   tries it again) and the run goes on.
 
 Before anything is read or written the command connects (``DaskCluster.connect``):
@@ -32,7 +32,6 @@ the command stops with nothing written.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import threading
 import uuid
@@ -41,10 +40,12 @@ from pathlib import Path
 from distributed import WorkerPlugin
 
 from .. import REPOSITORY
+from ..records import Job, Result
 from ..sandboxing.bubblewrap import probe
+from ..worker.read import WORKERS_DIED, failed_result
 from .identity import code_digest
-from .job import WORKERS_DIED, Job, Result, failed_result
 from .runners import Station, grade_at
+from .runs import sweep_orphans
 
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
 WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
@@ -53,12 +54,7 @@ WORKERS_SECONDS = float(os.environ.get("AUTOGRADER_WORKERS_SECONDS", "30"))
 # ---------------------------------------------------------------- on the workers
 
 
-def _sweep_leftovers() -> None:
-    """Remove the scratch folders of worker processes that were killed before they could."""
-    for folder in Path(tempfile.gettempdir()).glob("ag-dask-*-*"):
-        pid = folder.name.split("-")[2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            shutil.rmtree(folder, ignore_errors=True)
+DASK_PREFIX = "ag-dask-"  # + pid: a worker process's sandboxes (runs.sweep_orphans removes those of killed ones)
 
 
 _stations: dict[bool, Station] = {}
@@ -69,9 +65,9 @@ def station(sandboxed: bool) -> Station:
     """This worker process's warm sandboxes (``runners.Station``: one per grading thread)."""
     with _stations_lock:
         if sandboxed not in _stations:
-            _sweep_leftovers()
+            sweep_orphans(DASK_PREFIX)
             _stations[sandboxed] = Station(
-                REPOSITORY, sandboxed, base=Path(tempfile.mkdtemp(prefix=f"ag-dask-{os.getpid()}-"))
+                REPOSITORY, sandboxed, base=Path(tempfile.mkdtemp(prefix=f"{DASK_PREFIX}{os.getpid()}-"))
             )
         return _stations[sandboxed]
 
@@ -102,8 +98,7 @@ def dask_setup(worker) -> None:
     nothing. A worker whose sandbox cannot start still starts; the command's check says why."""
     import logging
 
-    from ..judging import judge  # noqa: F401
-    from ..sandboxing import execute  # noqa: F401  (torch, nbclient: what grading imports)
+    from ..worker import pipeline  # noqa: F401  (torch, nbclient: what grading imports)
 
     reason = probe(REPOSITORY)
     if reason is None:

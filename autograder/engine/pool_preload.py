@@ -2,11 +2,10 @@
 
 Every pool process is forked from that server (``runners.LocalPool``), so the
 memory of these imports (torch, the executor, nbgrader's preprocessors and the
-feedback exporter: about 200 MB) is shared by all of them instead of copied
+feedback exporter) is shared by all of them instead of copied
 into each. It also imports what grading a first notebook would otherwise import
-in each process (measured: 78 modules, about 30 MB a process; IPython's cell
-transformer for the tamper scan the most of it, then the feedback page's
-Markdown plugins and code highlighting).
+in each process (IPython's cell transformer for the tamper scan the most of it,
+then the feedback page's Markdown plugins and code highlighting).
 ``gc.freeze()`` moves what is loaded now out of the collector's reach: a
 collection in a pool process would otherwise write to every object's header
 and so copy the pages it meant to share.
@@ -24,7 +23,6 @@ import pygments.lexers.python  # noqa: F401
 import pygments.styles.default  # noqa: F401
 import torch  # noqa: F401
 
-from ..judging import feedback, judge  # noqa: F401
-from ..sandboxing import execute  # noqa: F401
+from ..worker import pipeline  # noqa: F401  (the judge, the executor, the feedback exporter)
 
 gc.freeze()

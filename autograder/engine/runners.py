@@ -1,6 +1,6 @@
 """Where notebooks are graded: one contract, two runners, the same warm sandboxes underneath.
 
-A runner (``Runner``) grades ``job.Job``s and hands each ``job.Result`` to the
+A runner (``Runner``) grades ``records.Job``s and hands each ``records.Result`` to the
 command's ``on_result`` as it finishes, in the command's own process, which
 commits it (``writer``). Two implement it:
 
@@ -13,14 +13,13 @@ commits it (``writer``). Two implement it:
 On the grading side both run the same code: a ``Station`` keeps one warm
 sandbox (``bubblewrap.WarmSandbox``, with its own worker slot) per thread that
 grades, and ``grade_at`` grades one job in one of them
-(``job.grade_submission``). A local pool process has one thread, so one
+(``worker.pipeline.grade_submission``). A local pool process has one thread, so one
 sandbox; a Dask worker process keeps one per thread it grades with.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
-import ctypes
 import multiprocessing
 import os
 import shutil
@@ -32,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ..records import Job, Result
 from ..sandboxing.bubblewrap import HostAddress, Limits, SandboxHost, WarmSandbox, claim_slot
-from .job import Job, Result, grade_submission
+from ..sandboxing.linux import die_with_parent
 
 
 class Runner(Protocol):
@@ -130,6 +130,9 @@ class Station:
 
 def grade_at(station: Station, job: Job) -> Result:
     """Grade ``job`` in one of ``station``'s sandboxes (restarted first if a notebook killed it)."""
+    # here, on a worker: the grade command's own process, which imports this module, never imports torch
+    from ..worker.pipeline import grade_submission
+
     seat = station.take()
     try:
         seat.sandbox.ensure()
@@ -143,7 +146,6 @@ def grade_at(station: Station, job: Job) -> Result:
 _station: list[Station] = []
 # Imported once by the pool processes' fork server (no threads started, nothing graded yet).
 POOL_PRELOAD = ["autograder.engine.pool_preload"]
-PR_SET_PDEATHSIG = 1
 
 
 def _pool_process_init(
@@ -152,16 +154,12 @@ def _pool_process_init(
     """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
     import atexit
 
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:
-        pass
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     station = Station(Path(course_root), sandboxed, limits, Path(base_dir), host)
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
-    from ..judging import judge  # noqa: F401
-    from ..sandboxing import execute  # noqa: F401  (what grading imports, while the sandbox warms up)
+    from ..worker import pipeline  # noqa: F401  (what grading imports, while the sandbox warms up)
 
     station.give_back(station.take())  # ready
     _station.append(station)
@@ -191,7 +189,7 @@ class LocalPool:
     def __init__(self, course_root: Path, limits: Limits, sandboxed: bool, workers: int):
         self.course_root, self.limits, self.sandboxed, self.workers = course_root, limits, sandboxed, workers
         # Forked from a server that imported what grading needs once: torch's and the executor's
-        # memory (about 200 MB) is shared by every pool process instead of copied into each.
+        # memory is shared by every pool process instead of copied into each.
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(POOL_PRELOAD)
         from .runs import SCRATCH_PREFIX

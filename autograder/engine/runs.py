@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,11 +100,12 @@ def run_scratch(work: Path) -> Path:
     return folder
 
 
-def sweep_temporary() -> int:
-    """Remove ``$TMPDIR/ag-run-<pid>-*`` folders whose process is gone (runs killed before they could)."""
+def sweep_orphans(prefix: str) -> int:
+    """Remove ``$TMPDIR/<prefix><pid>-*`` folders whose process is gone (killed before it could): the
+    grade command's runs (``SCRATCH_PREFIX``), Dask workers' sandboxes (``distributed``)."""
     removed = 0
-    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*-*"):
-        pid = folder.name[len(SCRATCH_PREFIX) :].split("-")[0]
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = folder.name[len(prefix) :].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(folder, ignore_errors=True)
             removed += 1
@@ -149,3 +151,14 @@ def sqlite_path(db_url: str) -> Path | None:
         return None
     rest = db_url[len("sqlite:///") :].split("?")[0]
     return Path(rest) if rest and rest != ":memory:" else None
+
+
+# ---------------------------------------------------------------- the run's phases
+
+STARTED = time.monotonic()  # as the command's process imports the engine
+
+
+def trace(label: str) -> None:
+    """With AUTOGRADER_TRACE=1: when each phase of the command ends."""
+    if os.environ.get("AUTOGRADER_TRACE"):
+        print(f"[{time.monotonic() - STARTED:7.2f} s] {label}", file=sys.stderr, flush=True)

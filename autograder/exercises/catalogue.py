@@ -4,7 +4,7 @@ An exercise module (``autograder/exercises/<topic>.py``) describes each exercise
 with these: the seeded inputs it is checked on (``Case``, ``ModuleCase``, made with
 ``module_case``: the kernel side's types, which run the learner's code and compute no
 answer), its tolerance, what it builds on, and the known mistakes it can name. The
-judge (``autograder.judging.judge``, outside the sandbox) and the in-kernel judge
+judge (``autograder.worker.judge``, outside the sandbox) and the in-kernel judge
 (``autograder.local_judge``) read them; comparing outputs is ``autograder.compare``'s job.
 """
 

@@ -41,14 +41,7 @@ import signal
 import sys
 import time
 
-PR_SET_DUMPABLE = 4
-
-
-def _prctl(option: int, value: int) -> None:
-    try:
-        _libc().prctl(option, value, 0, 0, 0)
-    except Exception:
-        pass
+from .linux import PR_SET_DUMPABLE, die_with_parent, libc, prctl
 
 
 def _drop_privileges(uid: int | None, gid: int | None) -> None:
@@ -351,7 +344,7 @@ class Zygote:
         file_bytes = limits["file_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        _prctl(PR_SET_DUMPABLE, 1)  # the zygote stays undumpable; the kernel need not be
+        prctl(PR_SET_DUMPABLE, 1)  # the zygote stays undumpable; the kernel need not be
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -445,7 +438,7 @@ class Zygote:
 def _settle(config: dict) -> None:
     """Become the worker's interpreter: its own user, undumpable, its process limit, its environment."""
     _drop_privileges(config.get("uid"), config.get("gid"))
-    _prctl(PR_SET_DUMPABLE, 0)  # kernels of the same uid cannot ptrace or read our memory
+    prctl(PR_SET_DUMPABLE, 0)  # kernels of the same uid cannot ptrace or read our memory
     limit = config.get("processes")
     if limit:
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
@@ -484,22 +477,17 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG = 1
-
-
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def _mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
     encode = lambda text: text.encode() if text is not None else None  # noqa: E731
-    if _libc().mount(encode(source), encode(target), encode(kind), flags, encode(data)) != 0:
+    if libc().mount(encode(source), encode(target), encode(kind), flags, encode(data)) != 0:
         number = ctypes.get_errno()
         raise OSError(number, f"mount {source} on {target}: {os.strerror(number)}")
 
 
 def _unmount(target: str) -> None:
-    if _libc().umount2(target.encode(), MNT_DETACH) != 0:
+    if libc().umount2(target.encode(), MNT_DETACH) != 0:
         number = ctypes.get_errno()
         raise OSError(number, f"unmount {target}: {os.strerror(number)}")
 
@@ -549,14 +537,14 @@ def _own_namespaces(config: dict) -> None:
 
 def _hatch(channel, host_config: dict) -> None:
     """In a child of the host: read the worker's configuration, leave for new namespaces, serve it."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # with the host
+    die_with_parent()  # with the host
     reader = channel.makefile("r", encoding="utf-8")
     writer = channel.makefile("w", encoding="utf-8")
     config = {**host_config, **json.loads(reader.readline())}
     log = os.open(config["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 2)
     os.close(log)
-    if _libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC) != 0:
+    if libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare")
     child = os.fork()  # the first process of a new pid namespace is its pid 1
     if child:
@@ -564,7 +552,7 @@ def _hatch(channel, host_config: dict) -> None:
             stream.close()
         status = os.waitpid(child, 0)[1]
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # with the process above (and so with the host)
+    die_with_parent()  # with the process above (and so with the host)
     os.setsid()
     _own_namespaces(config)
     _settle(config)
@@ -584,7 +572,7 @@ def host(config: dict) -> None:
     os.environ.update(config.get("env", {}))
     timings = _warm_up(config.get("preload", []))
     gc.freeze()
-    _prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_DUMPABLE, 0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(config["socket"])
     os.chmod(config["socket"], 0o600)

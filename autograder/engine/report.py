@@ -23,7 +23,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .flags import FAULT_PREFIX, for_review, is_fault
+from course_checks.files import write_atomically
+
+from ..flags import FAULT_PREFIX, for_review, is_fault
 
 
 @dataclass
@@ -88,8 +90,6 @@ def export_csv(course, ledger, path: Path) -> list[Row]:
                 row.mistake or "",
             ]
         )
-    from .writer import write_atomically
-
     write_atomically(path, buffer.getvalue())
     return rows
 
@@ -220,8 +220,6 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Class report</title>"
         f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
     )
-    from .writer import write_atomically
-
     write_atomically(path, document)
 
 

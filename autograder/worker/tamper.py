@@ -1,13 +1,7 @@
-"""Sanitize a submission with nbgrader's own preprocessors, and notice tampering.
+"""Notice tampering, and put the instructor's grading metadata back: two steps of the pipeline.
 
-nbgrader's sanitizing steps (``ClearOutput``, ``DeduplicateIds``,
-``OverwriteKernelspec``, ``OverwriteCells`` with missing cells added back,
-``CheckCellMetadata``) need the gradebook only to read the assignment's source
-cells. ``GradebookView`` holds those, read once by the grader, so a worker (or
-a machine without the database) can sanitize a notebook: the sanitizing is
-nbgrader's, the data comes from the snapshot.
-
-Before sanitizing, ``inspect`` compares the submission with the released
+``restore_grading_metadata`` runs first: a cell that claims a kind or points it does not
+have loses the claim. Then, before sanitizing (``sanitize``), ``inspect`` compares the submission with the released
 notebook and lists what a student should not have done, each a flag for the
 class report: graded cells edited, deleted, duplicated or moved, and code that
 replaces functions of torch, numpy, the builtins or the grading helpers. The
@@ -18,21 +12,18 @@ cells are restored, and the checks run and are judged outside the notebook.
 from __future__ import annotations
 
 import ast
-import json
 from dataclasses import dataclass, field
 
-from nbgrader.api import MissingEntry
-from nbgrader.preprocessors import (
-    CheckCellMetadata,
-    ClearOutput,
-    DeduplicateIds,
-    NbGraderPreprocessor,
-    OverwriteCells,
-    OverwriteKernelspec,
+from ..cells import nbgrader_of, tracked_id
+from ..flags import (
+    CELL_DELETED,
+    CELL_DUPLICATED,
+    CELL_EDITED,
+    CELLS_REORDERED,
+    FORGED_METADATA,
+    SUSPICIOUS_CODE,
 )
-from traitlets import Any
-
-from .cells import tracked_id
+from ..records import GradebookView
 
 # Modules whose attributes a notebook has no business replacing.
 # the grader and its kernel side: what no submission has a reason to touch
@@ -40,150 +31,6 @@ GRADING_PACKAGES = ("autograder", "course_checks")
 WATCHED_MODULES = {"torch", "numpy", "math", "builtins", *GRADING_PACKAGES, "sys", "IPython", "nbgrader"}
 # ... except these, which honest notebooks do set.
 ALLOWED_PREFIXES = ("torch.backends.", "numpy.set_printoptions", "sys.setrecursionlimit")
-
-
-@dataclass
-class CellRecord:
-    """One of the assignment's source cells, as the gradebook holds it."""
-
-    name: str
-    cell_type: str
-    locked: bool
-    checksum: str | None
-    source: str
-    max_score: float | None = None  # grade cells only
-    solution: bool = False
-    task: bool = False
-
-
-@dataclass
-class NotebookRecord:
-    name: str
-    kernelspec: str | None
-    source_cells: list[CellRecord]
-
-    @property
-    def grade_cells(self):
-        return [c for c in self.source_cells if c.max_score is not None and not c.task]
-
-    @property
-    def solution_cells(self):
-        return [c for c in self.source_cells if c.solution]
-
-    @property
-    def task_cells(self):
-        return [c for c in self.source_cells if c.task]
-
-
-@dataclass
-class GradebookView:
-    """The part of the gradebook that sanitizing reads, for one notebook; picklable."""
-
-    assignment: str
-    notebook: NotebookRecord
-
-    @classmethod
-    def read(cls, gradebook, assignment: str, notebook: str, order: list[str]) -> GradebookView:
-        """From an open ``nbgrader.api.Gradebook``; cells in ``order`` (the release's)."""
-        record = gradebook.find_notebook(notebook, assignment)
-        points = {c.name: float(c.max_score) for c in [*record.grade_cells, *record.task_cells]}
-        solutions = {c.name for c in record.solution_cells}
-        tasks = {c.name for c in record.task_cells}
-        position = {name: i for i, name in enumerate(order)}
-        cells = sorted(record.source_cells, key=lambda c: (position.get(c.name, len(position)), c.name))
-        return cls(
-            assignment,
-            NotebookRecord(
-                notebook,
-                record.kernelspec,
-                [
-                    CellRecord(
-                        c.name,
-                        c.cell_type,
-                        bool(c.locked),
-                        c.checksum,
-                        c.source,
-                        points.get(c.name),
-                        c.name in solutions,
-                        c.name in tasks,
-                    )
-                    for c in cells
-                ],
-            ),
-        )
-
-    # the Gradebook methods nbgrader's sanitizing preprocessors call
-    def find_notebook(self, notebook: str, assignment: str) -> NotebookRecord:
-        return self.notebook
-
-    def find_source_cell(self, name: str, notebook: str, assignment: str) -> CellRecord:
-        for cell in self.notebook.source_cells:
-            if cell.name == name:
-                return cell
-        raise MissingEntry()
-
-    def find_graded_cell(self, name: str, notebook: str, assignment: str) -> CellRecord:
-        cell = self.find_source_cell(name, notebook, assignment)
-        if cell.max_score is None:
-            raise MissingEntry()
-        return cell
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-class ViewOverwriteCells(OverwriteCells):
-    """nbgrader's OverwriteCells, reading a ``GradebookView`` instead of the database."""
-
-    view = Any()
-
-    def preprocess(self, nb, resources):
-        self.notebook_id = resources["nbgrader"]["notebook"]
-        self.assignment_id = resources["nbgrader"]["assignment"]
-        self.gradebook = self.view
-        nb, resources = NbGraderPreprocessor.preprocess(self, nb, resources)
-        if self.add_missing_cells:
-            nb, resources = self.add_missing_grade_cells(nb, resources)
-            nb, resources = self.add_missing_task_cells(nb, resources)
-        return nb, resources
-
-
-class ViewOverwriteKernelspec(OverwriteKernelspec):
-    view = Any()
-
-    def preprocess(self, nb, resources):
-        kernelspec = self.view.notebook.kernelspec
-        if kernelspec:
-            nb.metadata["kernelspec"] = json.loads(kernelspec)
-        return nb, resources
-
-
-def sanitize(nb, view: GradebookView, resources: dict):
-    """nbgrader's sanitizing preprocessors, in autograde's order; deleted graded cells come back.
-
-    nbgrader's ``DeduplicateIds`` keeps the last copy of a duplicated cell; run
-    on the reversed notebook it keeps the first, the one in its original place
-    (a copy moved to the end would otherwise be checked after the exercises
-    that build on it). The copies it demotes keep an empty ``nbgrader``
-    metadata dict, which ``CheckCellMetadata`` rejects: those are removed.
-    """
-    nb, resources = ClearOutput().preprocess(nb, resources)
-    nb.cells.reverse()
-    nb, resources = DeduplicateIds().preprocess(nb, resources)
-    nb.cells.reverse()
-    for cell in nb.cells:
-        if "nbgrader" in cell.metadata and not cell.metadata["nbgrader"]:
-            del cell.metadata["nbgrader"]
-    for step in (
-        ViewOverwriteKernelspec(view=view),
-        ViewOverwriteCells(view=view, add_missing_cells=True),
-        CheckCellMetadata(),
-    ):
-        nb, resources = step.preprocess(nb, resources)
-    return nb, resources
 
 
 # ---------------------------------------------------------------- tamper flags
@@ -360,34 +207,34 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
             continue
         if (record.locked or record.max_score is not None and not record.solution) and gid in released_source:
             if cell.source.strip() != released_source[gid].strip() or cell.cell_type != record.cell_type:
-                result.add("graded-cell-edited", f"edited the read-only cell {gid} (restored before grading)")
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+                result.add(CELL_EDITED, f"edited the read-only cell {gid} (restored before grading)")
+        meta = nbgrader_of(cell)
         if (
             record.max_score is not None
             and meta.get("points") is not None
             and float(meta["points"]) != record.max_score
         ):
-            result.add("graded-cell-edited", f"changed the points of {gid} (restored before grading)")
+            result.add(CELL_EDITED, f"changed the points of {gid} (restored before grading)")
     for gid, count in seen.items():
         if count > 1:
-            result.add("graded-cell-duplicated", f"has {count} copies of {gid} (only one is graded)")
+            result.add(CELL_DUPLICATED, f"has {count} copies of {gid} (only one is graded)")
     for cell in view.notebook.source_cells:
         if (cell.locked or cell.max_score is not None) and cell.name not in seen and cell.name in released_source:
-            result.add("graded-cell-deleted", f"deleted {cell.name} (added back before grading)")
+            result.add(CELL_DELETED, f"deleted {cell.name} (added back before grading)")
     kept = [gid for gid in order if gid in release_order]
     if kept != [gid for gid in release_order if gid in kept]:
-        result.add("cells-reordered", "moved graded cells out of their original order")
+        result.add(CELLS_REORDERED, "moved graded cells out of their original order")
     aliases = {}
     student_sources = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = nbgrader_of(cell)
         if meta.get("locked") and not meta.get("solution"):
             continue
         student_sources.append(cell.source)
     for cell in released.cells:  # the released setup cells' imports (torch, math, ...)
-        if cell.cell_type == "code" and cell.get("metadata", {}).get("nbgrader", {}).get("locked"):
+        if cell.cell_type == "code" and nbgrader_of(cell).get("locked"):
             for node in ast.walk(ast.parse(_python(cell.source))) if _parses(cell.source) else []:
                 if isinstance(node, ast.Import):
                     for alias in node.names:
@@ -395,7 +242,7 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
                             alias.name if alias.asname else alias.name.split(".")[0]
                         )
     for finding in suspicious_code(student_sources, aliases):
-        result.add("suspicious-code", f"code that {finding}")
+        result.add(SUSPICIOUS_CODE, f"code that {finding}")
         if forges_helpers(finding):
             result.forged.append(finding)
     return result
@@ -411,7 +258,6 @@ def _parses(source: str) -> bool:
 
 # ---------------------------------------------------------------- the instructor's version of the rules
 
-FORGED_METADATA = "grading-metadata-forged"
 _KINDS = ("grade", "solution", "task")
 
 

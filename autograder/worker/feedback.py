@@ -12,6 +12,8 @@ from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Unicode
 
+from ..cells import nbgrader_of
+
 HIDDEN_NOTICE = "# (hidden checks run here; their messages appear below)"
 
 
@@ -37,7 +39,7 @@ class HideHiddenTests(Preprocessor):
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code":
             return cell, resources
-        grade_cell = cell.metadata.get("nbgrader", {}).get("grade", False)
+        grade_cell = nbgrader_of(cell).get("grade", False)
         cell.source, had_hidden = strip_hidden(cell.source, self.begin_test_delimeter, self.end_test_delimeter)
         if grade_cell or had_hidden:
             for output in cell.get("outputs", []):
@@ -57,7 +59,7 @@ class GivenGrades(NbGraderPreprocessor):
     ``GetGrades`` reads each cell's score and comment, and the notebook's total,
     from the gradebook that ``SaveAutoGrades`` has just written. A grading worker
     has no gradebook; it has what ``SaveAutoGrades`` will write, computed by the
-    same rules (``autograder.engine.job.grades_of``): ``resources["nbgrader"]["grades"]``
+    same rules (``autograder.worker.verdicts.grades_of``): ``resources["nbgrader"]["grades"]``
     ({grade id: [score, max]}) and ``["comments"]`` ({grade id: auto comment}).
     The result is the page ``generate_feedback`` gives when nobody has graded by
     hand and nothing is late; when the gradebook holds more, the writer renders
@@ -77,7 +79,7 @@ class GivenGrades(NbGraderPreprocessor):
     def preprocess_cell(self, cell, resources, index):
         from nbgrader import utils
 
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        grade_id = nbgrader_of(cell).get("grade_id")
         if utils.is_solution(cell) or utils.is_task(cell):
             cell.metadata.nbgrader["comment"] = self.comments.get(grade_id)
         if utils.is_grade(cell) or utils.is_task(cell):

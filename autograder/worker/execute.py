@@ -34,8 +34,8 @@ from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 from nbgrader.preprocessors import Execute
 
-from ..judging.cells import error_output, graded_id
-from .bubblewrap import Limits, SandboxGone, WarmSandbox
+from ..cells import error_output, graded_id
+from ..sandboxing.bubblewrap import Limits, SandboxGone, WarmSandbox
 
 
 class SandboxKernelManager(AsyncKernelManager):

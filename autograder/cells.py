@@ -6,12 +6,13 @@ spec read a cell the same way.
 
 from __future__ import annotations
 
-from nbformat.v4 import new_output
-
 
 def nbgrader_of(cell) -> dict:
-    """The cell's nbgrader metadata ({} for a cell nbgrader does not know)."""
-    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+    """The cell's nbgrader metadata ({} for a cell nbgrader does not know, or whose metadata is
+    not the mapping it should be: a submission's cells are read before anything is repaired)."""
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    meta = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def grade_id(cell) -> str | None:
@@ -36,4 +37,6 @@ def tracked_id(cell) -> str | None:
 def error_output(ename: str, evalue: str):
     """An error output as nbgrader scores it (no points for its cell) and the feedback shows it:
     its name and message, no traceback to hide."""
+    from nbformat.v4 import new_output  # here: reading metadata (reference, local_judge) needs no nbformat
+
     return new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])

@@ -3,7 +3,7 @@
 Only the grading command's main process writes, one result at a time, so
 parallel workers never corrupt a SQLite gradebook (a Postgres ``db_url`` works
 the same way). Everything that is a function of one graded notebook was made by
-the worker that graded it (``job.finish``): the autograded notebook, its
+the worker that graded it (``worker.pipeline.finish``): the autograded notebook, its
 scores and comments by nbgrader's ``SaveAutoGrades`` rules, and its feedback
 page, rendered by nbgrader's ``GenerateFeedback`` exporter with the course's
 preprocessors (``feedback.GivenGrades`` in place of ``GetGrades``, the CSS
@@ -31,33 +31,18 @@ notebook:
 from __future__ import annotations
 
 import json
-import os
+import resource
 import sqlite3
-import tempfile
+import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..engine.job import Result
-from .flags import REVIEW_FLAGS
+from course_checks.files import write_atomically
 
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+from ..flags import REVIEW_FLAGS
+from ..records import Job, Result
+from .runs import STARTED, trace
 
 
 class Ledger:
@@ -223,8 +208,98 @@ class Writer:
         return knows_more
 
     def _gradebook_pages(self):
-        from .feedback import FeedbackPages
+        from ..worker.feedback import FeedbackPages
 
         if self._pages is None:
             self._pages = FeedbackPages(self.config, from_gradebook=True)
         return self._pages
+
+
+# ---------------------------------------------------------------- the commit loop
+
+
+@dataclass
+class Graded:
+    results: list[Result] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    commit_seconds: float = 0.0
+    first_result: float | None = None  # seconds from the start of the command
+    interrupted: bool = False
+
+
+def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
+    """The runner grades; this process commits each result as it arrives (the one writer)."""
+    from tqdm import tqdm
+
+    graded = Graded()
+    writer = Writer(course.coursedir, course.config, course.db_url, ledger)
+    # The report's plotting library is imported while the last notebooks grade: once a local
+    # worker has nothing left to do (its memory is free by then); on a cluster, at once.
+    workers = getattr(runner, "workers", 0)
+
+    def commit(result: Result) -> None:
+        began = time.perf_counter()
+        writer.commit(result)
+        graded.commit_seconds += time.perf_counter() - began
+        graded.results.append(result)
+        if len(jobs) - len(graded.results) < workers:
+            _warm_matplotlib()
+        if graded.first_result is None:
+            graded.first_result = time.monotonic() - STARTED
+            trace("first result committed")
+
+    try:
+        if jobs:
+            if not workers or len(jobs) < workers:
+                _warm_matplotlib()
+            progress = tqdm(total=len(jobs), unit="nb", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
+            try:
+                graded.problems = runner.run(jobs, commit, progress)
+            except KeyboardInterrupt:
+                graded.interrupted = True  # the workers die with this process; what is committed stays
+            finally:
+                progress.close()
+    finally:
+        writer.close()
+    trace("last result committed")
+    return graded
+
+
+def record_run(course, graded: Graded, seconds: float) -> None:
+    """What this run cost its own process (``coursework/.work/last-run.json``; the benchmark reads it)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    write_atomically(
+        course.work / "last-run.json",
+        json.dumps(
+            {
+                "notebooks": len(graded.results),
+                "seconds": round(seconds, 3),
+                "commit_seconds": round(graded.commit_seconds, 4),
+                "main_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
+                "first_result_seconds": None if graded.first_result is None else round(graded.first_result, 3),
+            }
+        ),
+    )
+
+
+_warming: list = []
+
+
+def _warm_matplotlib() -> None:
+    """The report needs pyplot; importing it while the workers grade keeps it out of the tail."""
+    import threading
+
+    if _warming:
+        return
+    _warming.append(True)
+
+    def load():
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:
+            pass
+
+    threading.Thread(target=load, daemon=True).start()

@@ -12,17 +12,28 @@ GRADING_FAILED = "grading-failed"  # its grading workers kept dying
 OUTPUT_TRUNCATED = "output-truncated"
 FAULT_PREFIX = "fault:"  # + hung, died, memory, not-run
 
+# what the submission did (worker.tamper, collect), each asking for a look
+CELL_EDITED = "graded-cell-edited"
+CELL_DELETED = "graded-cell-deleted"
+CELL_DUPLICATED = "graded-cell-duplicated"
+CELLS_REORDERED = "cells-reordered"
+SUSPICIOUS_CODE = "suspicious-code"
+PATCHED_FUNCTIONS = "patched-functions"
+FORGED_METADATA = "grading-metadata-forged"
+CHECKS_MISSING = "hidden-checks-missing"
+WRONG_FILE_NAME = "wrong-file-name"
+
 REVIEW_FLAGS = frozenset(
     {
-        "graded-cell-edited",
-        "graded-cell-deleted",
-        "graded-cell-duplicated",
-        "cells-reordered",
-        "suspicious-code",
-        "patched-functions",
-        "grading-metadata-forged",
-        "hidden-checks-missing",
-        "wrong-file-name",
+        CELL_EDITED,
+        CELL_DELETED,
+        CELL_DUPLICATED,
+        CELLS_REORDERED,
+        SUSPICIOUS_CODE,
+        PATCHED_FUNCTIONS,
+        FORGED_METADATA,
+        CHECKS_MISSING,
+        WRONG_FILE_NAME,
         GRADING_FAILED,
     }
 )
@@ -35,3 +46,8 @@ def for_review(flags) -> list[str]:
 
 def is_fault(flag: str) -> bool:
     return flag.startswith(FAULT_PREFIX) or flag == OUTPUT_TRUNCATED
+
+
+def fault(kind: str) -> str:
+    """The flag of a cell fault of ``kind`` (hung, died, memory, not-run, timeout)."""
+    return FAULT_PREFIX + kind
