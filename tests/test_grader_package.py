@@ -1,8 +1,11 @@
 """The grading package as an instructor's JupyterHub installs it: `pip install ".[grader]"`.
 
 Into a fresh venv (no system packages): pip, from its configured sources, resolves the built
-wheel with its `grader` extra to exactly the grader lock's versions (a dry run: installing
-them all again would cost minutes and a gigabyte here); the wheel itself is installed, and
+wheel with its `grader` extra, constrained to the grader lock (`-c`), to exactly the lock's
+versions (a dry run: installing them all again would cost minutes and a gigabyte here). With
+the lock as constraints the result never depends on what the index publishes later: it fails
+when the extra's pins disagree with the lock or the resolution needs a package the lock lacks.
+torch comes from where ./course takes it (tools/torch_source.py). The wheel itself is installed, and
 from a folder outside the checkout the installed `autograder` (not the checkout's) imports
 every part of ``./course grade``, with those same versions (this checkout's .venv) on its path,
 and runs its command line.
@@ -45,16 +48,42 @@ def site_packages(python: Path) -> str:
     ).stdout.strip()
 
 
+def lock_as_constraints(set_name: str, path: Path) -> Path:
+    """The lock's `name==version ; marker` lines without their hashes: a hash in a constraints file
+    turns on pip's hash-checking mode for everything, which the freshly built wheel cannot satisfy."""
+    from test_environment import lock
+
+    path.write_text("".join(f"{requirement}\n" for requirement in lock(set_name)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
+    from tools import torch_source
+
     base = tmp_path_factory.mktemp("package")
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist", REPOSITORY, cwd=base)
     [wheel] = (base / "dist").glob("*.whl")
     run(sys.executable, "-m", "venv", base / "venv", cwd=base)
     python = base / "venv" / "bin" / "python"
     pip = (python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check")
-    run(*pip, "--dry-run", "--ignore-installed", "--report", base / "report.json", f"{wheel}[grader]", cwd=base)
-    report = json.loads((base / "report.json").read_text())
+    torch = torch_source.choose(torch_source.pip_report(str(python), torch_source.torch_pin()))
+    cpu_index = ("--extra-index-url", torch_source.CPU_INDEX) if torch.use_cpu_index else ()
+    constraints = lock_as_constraints("grader", base / "grader-constraints.txt")
+    report = base / "report.json"
+    run(
+        *pip,
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        report,
+        "-c",
+        constraints,
+        *cpu_index,
+        f"{wheel}[grader]",
+        cwd=base,
+    )
+    report = json.loads(report.read_text())
     run(*pip, "--no-deps", "--no-compile", wheel, cwd=base)
     outside = base / "elsewhere"
     outside.mkdir()
