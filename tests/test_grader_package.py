@@ -5,7 +5,8 @@ wheel with its `grader` extra, constrained to the grader lock (`-c`), to exactly
 versions (a dry run: installing them all again would cost minutes and a gigabyte here). With
 the lock as constraints the result never depends on what the index publishes later: it fails
 when the extra's pins disagree with the lock or the resolution needs a package the lock lacks.
-torch comes from where ./course takes it (tools/torch_source.py). The wheel itself is installed, and
+torch comes from where ./course takes it (tools/torch_source.py). The wheel is built with the dev
+lock's setuptools (no build isolation, so no index either), and installed; and
 from a folder outside the checkout the installed `autograder` (not the checkout's) imports
 every part of ``./course grade``, with those same versions (this checkout's .venv) on its path,
 and runs its command line.
@@ -62,7 +63,9 @@ def installed(tmp_path_factory):
     from tools import torch_source
 
     base = tmp_path_factory.mktemp("package")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist", REPOSITORY, cwd=base)
+    # built with the dev lock's setuptools (no build isolation: no index asked, the same build every day)
+    wheel_command = ("pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", base / "dist", REPOSITORY)
+    run(sys.executable, "-m", *wheel_command, cwd=base)
     [wheel] = (base / "dist").glob("*.whl")
     run(sys.executable, "-m", "venv", base / "venv", cwd=base)
     python = base / "venv" / "bin" / "python"
