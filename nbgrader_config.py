@@ -19,8 +19,13 @@ c.CourseDirectory.release_directory = os.path.join(here, "notebooks")
 
 # A fresh clone has no course root (git ignores it), and nbgrader's commands chdir into it
 # first, or open the gradebook inside it: make it here, so that every command (db, generate,
-# autograde, formgrader, the exchange's) works as the first one after cloning.
-os.makedirs(c.CourseDirectory.root, exist_ok=True)
+# autograde, formgrader, the exchange's) works as the first one after cloning. Where the
+# checkout is read-only to this user, nothing is made (an error here would make Jupyter
+# skip this whole file): a command that needs the folder then says so itself.
+try:
+    os.makedirs(c.CourseDirectory.root, exist_ok=True)
+except OSError:
+    pass
 
 # notebooks/ is committed, generated from solutions/ (./course generate). nbgrader would skip
 # an existing release, leaving the gradebook without the assignment (autograde then refuses
