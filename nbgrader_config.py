@@ -17,6 +17,23 @@ c.CourseDirectory.root = os.path.join(here, "coursework")
 c.CourseDirectory.source_directory = os.path.join(here, "solutions")
 c.CourseDirectory.release_directory = os.path.join(here, "notebooks")
 
+# A fresh clone has no course root (git ignores it), and nbgrader's commands chdir into it
+# first, or open the gradebook inside it: make it here, so that every command (db, generate,
+# autograde, formgrader, the exchange's) works as the first one after cloning. Where the
+# checkout is read-only to this user, nothing is made (an error here would make Jupyter
+# skip this whole file): a command that needs the folder then says so itself.
+try:
+    os.makedirs(c.CourseDirectory.root, exist_ok=True)
+except OSError:
+    pass
+
+# notebooks/ is committed, generated from solutions/ (./course generate). nbgrader would skip
+# an existing release, leaving the gradebook without the assignment (autograde then refuses
+# it): generate_assignment always regenerates, which writes the same files (a test checks
+# that notebooks/ is current). If generation fails, nbgrader removes that assignment's
+# folder in notebooks/ first: `git checkout notebooks/` brings it back.
+c.GenerateAssignment.force = True
+
 # Every graded kernel imports the trusted-function snapshot before any student
 # code runs, so a notebook that patches torch or numpy cannot fool the checks.
 c.Execute.extra_arguments = [

@@ -1,10 +1,11 @@
-"""The set-up: the package sets and their locks agree with each other and with conda's
-file, Binder's files say what they should, and the entry point's set-up is a no-op
-when nothing changed."""
+"""The set-up: the package sets and their locks agree with each other, Binder builds the
+environment CI tests (the Python it runs, the students' lock, torch as ./course installs
+it), and the entry point's set-up is a no-op when nothing changed."""
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,6 @@ from packaging.requirements import Requirement
 REPOSITORY = Path(__file__).resolve().parent.parent
 REQUIREMENTS = REPOSITORY / "requirements"
 SETS = ("student", "grader", "dev")  # each holds the one before it
-# pip name -> conda-forge name, where they differ
-CONDA_NAMES = {"torch": "pytorch-cpu", "jupyter-repo2docker": "repo2docker", "dask": "dask-core"}
-PIP_NAMES = {conda: pip for pip, conda in CONDA_NAMES.items()}
 # what ./course installs beside a lock: torch, on its own (tools/torch_source.py)
 NOT_IN_LOCKS = {"torch"}
 CUDA_PACKAGE = re.compile(r"^(nvidia-|cuda-|triton$)")
@@ -59,38 +57,59 @@ def conda_environment() -> dict:
     return yaml.safe_load((REPOSITORY / "environment.yml").read_text())
 
 
-def conda_pins() -> dict:
-    found = {}
-    for item in conda_environment()["dependencies"]:
-        assert isinstance(item, str), "environment.yml: no pip: section (it makes Binder re-solve on every commit)"
-        name, _, version = item.partition("==")
-        if name in ("python=3.12", "pip"):
-            continue
-        assert version, f"environment.yml: {item!r} is not pinned with =="
-        found[PIP_NAMES.get(name.lower(), name.lower())] = version
-    return found
+def ci_python() -> str:
+    """The Python CI runs: the one `./course` looks for first, and the one `./course lock` locks for."""
+    script = (REPOSITORY / "course").read_text()
+    [first] = re.findall(r'for candidate in "\$\{PYTHON:-\}" python(\d+\.\d+) ', script)
+    [locked_for] = re.findall(r"--python-version (\d+\.\d+)", script)
+    assert first == locked_for, f"./course prefers Python {first} but locks for {locked_for}"
+    return first
 
 
-def test_conda_file_holds_the_student_set_pin_for_pin():
-    """Binder's image is the students' set: no Dask, no test tools, the same versions as pip's."""
-    assert conda_pins() == pins("student")
+def binder_pip_section() -> list[str]:
+    [section] = [item["pip"] for item in conda_environment()["dependencies"] if isinstance(item, dict)]
+    return section
 
 
-def test_conda_file_versions_are_the_student_lock_versions():
-    """conda-forge has no hashes of PyPI's files, but its versions are the ones pip's lock installs
-    (on Binder's Python, 3.12)."""
-    binder = {
-        "python_version": "3.12",
-        "python_full_version": "3.12.0",
-        "sys_platform": "linux",
-        "platform_system": "Linux",
-        "platform_machine": "x86_64",
-        "os_name": "posix",
+def test_binder_environment_is_the_python_ci_runs_and_the_student_lock():
+    """conda-forge gives the interpreter (CI's version, written literally: repo2docker reads
+    `python=3.11`, and takes another version for a range) and pip; every Python package comes from
+    the students' lock, with its hashes, so Binder gets the versions the suite tested."""
+    environment = conda_environment()
+    assert environment["channels"] == ["conda-forge"]  # no defaults channel (nor its licence terms)
+    conda_packages = [item for item in environment["dependencies"] if isinstance(item, str)]
+    assert conda_packages == [f"python={ci_python()}", "pip"]
+    assert binder_pip_section() == ["-r requirements/student.txt"]
+
+
+def test_binder_pip_step_installs_exactly_the_student_lock(tmp_path):
+    """What conda (and mamba, which repo2docker runs) does with environment.yml's pip: section: its
+    lines go into a temporary requirements file beside environment.yml, and that folder's pip runs
+    `pip install -r <file>` (so `-r requirements/student.txt` is read relative to the repository).
+    Here in a fresh venv, as a dry run: pip checks every file against the lock's hashes and
+    resolves to exactly the lock's versions for this machine, torch left to postBuild."""
+    course = tmp_path / "course"
+    course.mkdir()
+    shutil.copy2(REPOSITORY / "environment.yml", course)
+    shutil.copytree(REQUIREMENTS, course / "requirements")
+    (course / "mambaf-pip-section").write_text("\n".join(binder_pip_section()) + "\n")
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "-r", "mambaf-pip-section", "--no-input",
+         "--quiet", "--dry-run", "--ignore-installed", "--report", str(report)],
+        cwd=course,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    resolved = {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
     }
-    locked = locked_versions("student", binder)
-    for name, version in conda_pins().items():
-        if name not in NOT_IN_LOCKS:
-            assert locked[name] == version, f"environment.yml pins {name} {version}, the lock {locked[name]}"
+    assert resolved == {name.replace("_", "-"): version for name, version in locked_versions("student").items()}
+    assert "torch" not in resolved
 
 
 def test_sets_are_nested_and_the_grading_and_test_tools_stay_out_of_the_student_set():
@@ -149,17 +168,17 @@ def test_locks_hold_torchs_pure_python_dependencies_and_none_of_its_cuda_librari
         )
 
 
-def test_torch_is_the_pinned_cpu_build():
-    assert pins("student")["torch"] == conda_pins()["torch"] == "2.13.0"
-    text = (REPOSITORY / "environment.yml").read_text().lower()
-    assert "cuda" not in text and "pytorch-gpu" not in text
-
-
-def test_conda_environment_is_conda_forge_with_python_3_12_literally():
-    environment = conda_environment()
-    assert environment["channels"] == ["conda-forge"]  # no defaults channel (nor its licence terms)
-    # repo2docker reads a literal pin; `python>=3.12` silently falls back to 3.10
-    assert "python=3.12" in environment["dependencies"]
+def test_binder_installs_torch_as_course_does_after_the_lock():
+    """postBuild installs the student set's torch pin with tools/torch_source.py (on Binder's Linux, the
+    CPU build from PyTorch's CPU index: tests/test_torch_source.py), then the course's package.
+    environment.yml holds no torch (test_binder_environment_is_the_python_ci_runs_and_the_student_lock)."""
+    assert pins("student")["torch"] == "2.13.0"
+    steps = [
+        line.strip()
+        for line in (REPOSITORY / "postBuild").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert steps[1:3] == ["python tools/torch_source.py install", "python -m pip install --no-deps -e ."], steps
 
 
 def test_installed_packages_are_the_locked_versions():
@@ -219,16 +238,27 @@ def test_setup_is_a_no_op_when_nothing_changed():
     assert "installing" not in result.stderr
 
 
-def test_repo2docker_builds_environment_yml_with_python_3_12_then_runs_post_build_and_nothing_else():
+def test_repo2docker_builds_python_3_11_and_the_lock_from_environment_yml_then_runs_post_build_and_nothing_else():
     """What Binder does with this repository, read from repo2docker's Dockerfile (no docker needed)."""
     command = Path(sys.executable).parent / "jupyter-repo2docker"
     result = subprocess.run([str(command), "--no-build", str(REPOSITORY)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "Building conda environment for python=3.12" in result.stderr
+    assert f"Building conda environment for python={ci_python()}" in result.stderr
     dockerfile = result.stdout
-    # from the repository: environment.yml first (its own cached layer), then everything
-    assert re.findall(r"^COPY .*\bsrc/(\S*)", dockerfile, re.M) == ["environment.yml", ""]
-    assert 'env update -p ${NB_PYTHON_PREFIX} --file "environment.yml"' in dockerfile
+    # its base environment is repo2docker's own for that Python
+    assert f"environment-2epy-2d{ci_python().replace('.', '-2e')}-2dlinux-2d64-2elock" in dockerfile
+    # the whole repository first (the pip: section reads requirements/student.txt from it), then
+    # environment.yml is installed into the notebook environment, then postBuild runs
+    assert re.findall(r"^COPY .*\bsrc/(\S*)", dockerfile, re.M) == [""]
+    steps = [
+        dockerfile.index(step)
+        for step in (
+            "src/ ${REPO_DIR}/",
+            'env update -p ${NB_PYTHON_PREFIX} --file "environment.yml"',
+            "RUN ./postBuild",
+        )
+    ]
+    assert steps == sorted(steps)
     assert re.findall(r"^RUN .*postBuild.*$", dockerfile, re.M) == ["RUN chmod +x postBuild", "RUN ./postBuild"]
     # nothing else is picked up: pip's files are ignored beside environment.yml, no apt.txt, start, ...
     for ignored in (

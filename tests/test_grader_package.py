@@ -1,9 +1,13 @@
 """The grading package as an instructor's JupyterHub installs it: `pip install ./autograder` (and the course).
 
 Into a fresh venv (no system packages): pip, from its configured sources and the two built wheels
-(the grader's and the learner's kernel side it depends on), resolves the grader to exactly the
-grader lock's versions (a dry run: installing them all again would cost minutes and a gigabyte
-here); the wheels themselves are installed, and
+(the grader's and the learner's kernel side it depends on), resolves the grader, constrained to the
+grader lock (`-c`), to exactly the lock's versions (a dry run: installing them all again would cost
+minutes and a gigabyte here). With the lock as constraints the result never depends on what the
+index publishes later: it fails when the grader's pins disagree with the lock or the resolution
+needs a package the lock lacks. torch comes from where ./course takes it (tools/torch_source.py).
+The wheels are built with the dev lock's setuptools (no build isolation, so no index either), and
+installed; and
 from a folder outside the checkout the installed `autograder` (not the checkout's) imports
 every part of ``./course grade``, with those same versions (this checkout's .venv) on its path,
 and runs its command line.
@@ -46,21 +50,48 @@ def site_packages(python: Path) -> str:
     ).stdout.strip()
 
 
+def lock_as_constraints(set_name: str, path: Path) -> Path:
+    """The lock's `name==version ; marker` lines without their hashes: a hash in a constraints file
+    turns on pip's hash-checking mode for everything, which the freshly built wheel cannot satisfy."""
+    from test_environment import lock
+
+    path.write_text("".join(f"{requirement}\n" for requirement in lock(set_name)))
+    return path
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
+    from tools import torch_source
+
     base = tmp_path_factory.mktemp("package")
+    # built with the dev lock's setuptools (no build isolation: no index asked, the same build every day)
     for project in (REPOSITORY, REPOSITORY / "autograder"):
-        run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", base / "dist", project, cwd=base)
+        wheel_command = ("pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", base / "dist", project)
+        run(sys.executable, "-m", *wheel_command, cwd=base)
     [wheel] = (base / "dist").glob("attention_transformers_grader-*.whl")
     [course_wheel] = (base / "dist").glob("attention_transformers_course-*.whl")
     run(sys.executable, "-m", "venv", base / "venv", cwd=base)
     python = base / "venv" / "bin" / "python"
     pip = (python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check")
-    report_file = base / "report.json"
+    torch = torch_source.choose(torch_source.pip_report(str(python), torch_source.torch_pin()))
+    cpu_index = ("--extra-index-url", torch_source.CPU_INDEX) if torch.use_cpu_index else ()
+    constraints = lock_as_constraints("grader", base / "grader-constraints.txt")
+    report = base / "report.json"
     run(
-        *pip, "--dry-run", "--ignore-installed", "--report", report_file, "--find-links", base / "dist", wheel, cwd=base
+        *pip,
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        report,
+        "-c",
+        constraints,
+        "--find-links",
+        base / "dist",
+        *cpu_index,
+        wheel,
+        cwd=base,
     )
-    report = json.loads(report_file.read_text())
+    report = json.loads(report.read_text())
     run(*pip, "--no-deps", "--no-compile", wheel, course_wheel, cwd=base)
     outside = base / "elsewhere"
     outside.mkdir()
