@@ -125,6 +125,32 @@ def test_sliding_cache_matches_the_recomputed_window_with_one_layer_only(ref, ca
     assert difference[2] > 1e-2 and difference[3] > 1e-2
 
 
+def test_sliding_cache_cell_explains_code_that_assumes_a_cache_of_every_position(ref, capsys):
+    def attend_reading_s_from_positions(attn, x, positions, cache, layer):  # right with a cache that keeps all
+        B, T, _ = x.shape
+        H, G, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        q = ref.apply_rope(attn.q_proj(x).view(B, T, H, Dh).transpose(1, 2), positions, attn.rope_base)
+        k = ref.apply_rope(attn.k_proj(x).view(B, T, G, Dh).transpose(1, 2), positions, attn.rope_base)
+        k, v = cache.update(layer, k, attn.v_proj(x).view(B, T, G, Dh).transpose(1, 2))
+        S = int(positions[-1]) + 1
+        out = ref.attention(q, ref.repeat_kv(k, H // G), ref.repeat_kv(v, H // G), ref.causal_mask(T, S))
+        return attn.o_proj(out.transpose(1, 2).reshape(B, T, H * Dh))
+
+    @torch.no_grad()
+    def forward_cached(model, tokens, cache):
+        positions = torch.arange(cache.length, cache.length + tokens.shape[1])
+        x = model.embed(tokens)
+        for i, block in enumerate(model.layers):
+            x = x + attend_reading_s_from_positions(block.attn, block.attn_norm(x), positions, cache, i)
+            x = x + block.mlp(block.mlp_norm(x))
+        return model.lm_head(model.norm(x))
+
+    run_cell("class SlidingCache", answers(ref, forward_cached=forward_cached))
+    out = capsys.readouterr().out
+    assert out.startswith("With a cache that keeps only the last 16 positions your forward_cached or attend_with_cache")
+    assert "read S from the keys cache.update returns" in out and "largest logit difference" not in out
+
+
 # ---------------------------------------------------------------- the timing cell
 
 
