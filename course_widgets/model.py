@@ -11,14 +11,18 @@
 
 ``load_corpus`` reads the course's small text corpus from ``assets/``;
 ``loss_by_position`` and ``plot_loss_by_position`` show what a model does with
-a context longer than the one it was trained on.
+a context longer than the one it was trained on. ``save_trained_model`` keeps
+07's trained model beside the notebook folders, where notebook 08's
+``load_trained_model`` finds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import io
 import math
+import re
 import time
 from pathlib import Path
 
@@ -58,6 +62,40 @@ def _context(model, tokens: torch.Tensor) -> torch.Tensor:
     """The last max_seq_len tokens: what ``generate`` feeds the model."""
     max_seq_len = getattr(getattr(model, "config", None), "max_seq_len", None)
     return tokens if max_seq_len is None else tokens[:, -max_seq_len:]
+
+
+# ---------------------------------------------------------------- the trained model, kept for notebook 08
+
+TRAINED_MODEL = "07_llama_trained.pt"
+
+
+def course_folder() -> Path:
+    """The folder that holds the notebook folders (a notebook's kernel runs in one of them)."""
+    here = Path.cwd()
+    return here.parent if re.match(r"\d\d_", here.name) else here
+
+
+def save_trained_model(model, chars: list[str], steps: int) -> Path:
+    """Write ``model`` (its config, a dataclass, and its weights), its characters and its number of
+    training steps to ``TRAINED_MODEL`` in the course folder; return the file's path."""
+    path = course_folder() / TRAINED_MODEL
+    saved = {
+        "config": dataclasses.asdict(model.config),
+        "state_dict": model.state_dict(),
+        "chars": list(chars),
+        "steps": int(steps),
+    }
+    torch.save(saved, path)
+    return path
+
+
+def load_trained_model(ModelConfig, Llama) -> tuple:
+    """(model, chars, steps): the model ``save_trained_model`` kept, rebuilt with the given classes
+    and in eval mode. Raises FileNotFoundError when there is none, another error when it does not fit."""
+    saved = torch.load(course_folder() / TRAINED_MODEL, weights_only=True)  # tensors and plain values only
+    model = Llama(ModelConfig(**saved["config"]))
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), list(saved["chars"]), int(saved["steps"])
 
 
 # ---------------------------------------------------------------- loss by position

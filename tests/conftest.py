@@ -46,6 +46,17 @@ def ipympl_canvas():
 
 
 @pytest.fixture
+def one_torch_thread():
+    """One thread for PyTorch, as the notebooks set it: small models on a shared CPU run faster so."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def grading_env(monkeypatch):
     """Behave as while nbgrader grades a notebook."""
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")

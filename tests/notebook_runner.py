@@ -4,6 +4,8 @@ Shared by the tests (every solution notebook runs without error) and the
 benchmark (``./course bench``, which prints each notebook's run time and peak
 memory). Kernels start the way nbgrader starts them (the trusted snapshot is
 imported first), so solution notebooks' hidden checks run as in grading.
+``solution_cell`` reads one code cell of a solution notebook, for tests that
+run a demo cell alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ import nbformat
 from nbclient import NotebookClient
 
 REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def solution_cell(assignment: str, marker: str) -> str:
+    """The source of the one code cell of solutions/<assignment> that contains ``marker``."""
+    notebook = nbformat.read(REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb", as_version=4)
+    found = [cell.source for cell in notebook.cells if cell.cell_type == "code" and marker in cell.source]
+    assert len(found) == 1, f"{assignment}: {len(found)} code cells contain {marker!r}"
+    return found[0]
 
 
 def kernel_arguments() -> list[str]:

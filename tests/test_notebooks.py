@@ -1,5 +1,8 @@
 """The notebooks themselves: solutions run clean, student versions degrade gracefully,
-and notebooks/ is exactly what nbgrader generates from solutions/."""
+and notebooks/ is exactly what nbgrader generates from solutions/.
+
+Each notebook runs top to bottom once per version (``solution_run``, ``student_run``);
+the topic tests at the end read what those same runs printed."""
 
 import ast
 import json
@@ -11,6 +14,7 @@ import pytest
 from notebook_runner import execute
 
 from autograder import release
+from autograder.exercises import module_for
 from autograder.reference import reference_cells
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -21,7 +25,7 @@ NOTEBOOK_MEMORY_BUDGET_MB = 800
 # Notebooks whose student version runs top to bottom with only the checks of unwritten
 # exercises failing (their demos print which exercise they wait for); in the others some
 # demos still raise NotImplementedError until the exercise above them is written.
-DEMOS_NAME_UNWRITTEN_EXERCISES = {"00_start_here", "07_llama"}
+DEMOS_NAME_UNWRITTEN_EXERCISES = {"00_start_here", "07_llama", "08_kv_cache"}
 
 
 def readme_memory_mb() -> dict[str, int]:
@@ -35,9 +39,40 @@ def hidden_check_cells(notebook) -> int:
     return sum("BEGIN HIDDEN TESTS" in cell.source for cell in notebook.cells if cell.cell_type == "code")
 
 
+def runs_of(folder: str):
+    """run(assignment) -> notebook_runner.Run of <folder>/<assignment>, executed once per module."""
+    done = {}
+
+    def run(assignment):
+        if assignment not in done:
+            done[assignment] = execute(REPOSITORY / folder / assignment / f"{assignment}.ipynb")
+        return done[assignment]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def solution_run():
+    return runs_of("solutions")
+
+
+@pytest.fixture(scope="module")
+def student_run():
+    return runs_of("notebooks")
+
+
+def printed(cell) -> str:
+    return "".join(output.get("text", "") for output in cell.outputs if output.output_type == "stream")
+
+
+def code_cell(run, marker: str):
+    [cell] = [cell for cell in run.notebook.cells if cell.cell_type == "code" and marker in cell.source]
+    return cell
+
+
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_solution_notebook_runs_top_to_bottom_without_errors(assignment):
-    run = execute(REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb")
+def test_solution_notebook_runs_top_to_bottom_without_errors(assignment, solution_run):
+    run = solution_run(assignment)
     assert run.errors() == []
     # every hidden check really ran against the reference, and passed
     assert run.stream_text().count("all hidden checks passed") == hidden_check_cells(run.notebook)
@@ -57,10 +92,10 @@ def test_readme_states_each_notebooks_memory_within_binders_budget():
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
-def test_student_notebook_widgets_wait_for_the_learner(assignment):
+def test_student_notebook_widgets_wait_for_the_learner(assignment, student_run):
     """Untouched, every widget cell still runs: it shows a message instead of failing. In
     the notebooks whose demos say which exercise they wait for, every cell but the checks does."""
-    run = execute(REPOSITORY / "notebooks" / assignment / f"{assignment}.ipynb")
+    run = student_run(assignment)
     for cell in run.notebook.cells if assignment in DEMOS_NAME_UNWRITTEN_EXERCISES else []:
         if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade", False):
             errors = [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
@@ -129,3 +164,77 @@ def test_restated_functions_match_their_originals():
         for name, tree in restated.items():
             assert name in answers, f"{assignment}/{grade_id}: {name} is not an answer of {origin}"
             assert tree == answers[name], f"{assignment}/{grade_id}: {name} differs from {origin}'s reference"
+
+
+# ---------------------------------------------------------------- 00: the course at a glance
+
+
+def test_start_here_lists_every_graded_exercise_of_every_notebook():
+    """00's table names, for each notebook, exactly the exercises the grader grades and the
+    progress view counts (the catalogues in autograder/exercises/)."""
+    notebook = json.loads((REPOSITORY / "solutions" / "00_start_here" / "00_start_here.ipynb").read_text())
+    text = "".join(notebook["cells"][0]["source"])
+    rows = dict(re.findall(r"^\| (\d\d) \|[^|]*\| (.*) \|$", text, re.M))
+    assert sorted(rows) == [assignment[:2] for assignment in ASSIGNMENTS]
+    total = 0
+    for assignment in ASSIGNMENTS:
+        graded = list(module_for(assignment).EXERCISES)
+        assert re.findall(r"`(\w+)`", rows[assignment[:2]]) == graded, assignment
+        total += len(graded)
+    assert f"{total} exercises in all" in text
+
+
+# ---------------------------------------------------------------- 07 and 08: what the runs printed
+
+
+def test_llama_training_finishes_its_schedule_or_says_it_stopped(solution_run):
+    run = solution_run("07_llama")
+    trained = printed(code_cell(run, "def get_batch(source"))
+    by_position = printed(code_cell(run, "loss_by_position(model"))
+    if "stopped after" in trained:  # out of processor time: the notebook says its figures do not apply
+        assert "The schedule is unfinished" in trained and "(this model trained" in by_position
+    else:
+        assert trained.startswith("250 steps in "), trained
+    # the windows train every position the cropped generate predicts from, 0 to 63
+    assert "reading everything: loss " in by_position and " at positions 0-63 (" in by_position
+
+
+def test_kv_cache_notebook_shows_the_sliding_cache_the_slopes_and_tokens_per_second(solution_run):
+    run = solution_run("08_kv_cache")
+    sliding = dict(
+        re.findall(
+            r"^(\d) layers?\s*: largest logit difference (\S+)", printed(code_cell(run, "class SlidingCache")), re.M
+        )
+    )
+    assert float(sliding["1"]) < 1e-5 < 1e-2 < float(sliding["2"])
+    plot = code_cell(run, "axes.loglog(length_array")
+    assert any("image/png" in output.get("data", {}) for output in plot.outputs)
+    slopes = re.search(r"fitted slopes .*: without the cache ([\d.]+), with it ([\d.]+)", printed(plot))
+    assert slopes, printed(plot)
+    assert float(slopes.group(1)) > float(slopes.group(2))  # without a cache the time grows faster
+    assert re.search(
+        r"16 sequences: +[\d,]+ tokens/s without the cache, +[\d,]+ with it",
+        printed(code_cell(run, "def tokens_per_second")),
+    )
+
+
+def test_kv_cache_demos_name_the_exercise_they_wait_for(student_run):
+    """Untouched, each 08 demo says in one line which exercise it needs, before it spends any time:
+    the timing cell prints nothing else (no uncached generation timed before it stops)."""
+    run = student_run("08_kv_cache")
+    demos = [
+        cell
+        for cell in run.notebook.cells
+        if cell.cell_type == "code" and re.search(r"^\s*with explain_unfinished\(\):", cell.source, re.M)
+    ]
+    assert len(demos) >= 6
+    for cell in demos:
+        lines = printed(cell).splitlines()
+        assert lines and re.fullmatch(
+            r"This cell needs your `\w+`, which still raises NotImplementedError\..*", lines[-1]
+        ), (
+            cell.source[:200],
+            lines,
+        )
+    assert len(printed(code_cell(run, "def seconds(generator, length)")).splitlines()) == 1
+    assert printed(code_cell(run, "axes.loglog(length_array")).startswith("Nothing to plot yet")
