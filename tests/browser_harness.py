@@ -222,7 +222,10 @@ def place_in_lab(lab, source: Path) -> str:
     for sibling in source.parent.iterdir():
         if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
             shutil.copy(sibling, target_dir / sibling.name)
-    shutil.copy(source, target_dir / source.name)
+    target = target_dir / source.name
+    if target.is_symlink():  # a solution notebook link_assets put there: the page gets a copy of its own
+        target.unlink()
+    shutil.copy(source, target)
     return (folder / source.name).as_posix()
 
 
