@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-SELF_ASSESS = "from autograder.selfstudy import self_assess;"
+# The self-study line, ``from <the kernel-side package> import self_assess; self_assess(...)``
+SELF_ASSESS = re.compile(r"^from [\w.]+ import self_assess; self_assess\(")
 HEADER = "# The visible checks below, in order:"
 BULLET = re.compile(r"^# - (?P<label>[^:]+): (?P<text>\S.*)$")
 CONTINUED = re.compile(r"^#   \S")
@@ -45,6 +46,11 @@ HIDDEN = "# Hidden checks"
 CHECK_FILE = "<visible check {}>"
 ANSWER_FILE = "<answer {}>"
 SETUP_FILE = "<setup {}>"
+
+
+def assignments() -> list[str]:
+    """The notebooks in course order: the folders of solutions/."""
+    return sorted(p.name for p in (REPOSITORY / "solutions").iterdir() if (p / f"{p.name}.ipynb").is_file())
 
 
 def _cells(path: Path) -> list[dict]:
@@ -145,7 +151,7 @@ def check_cells(assignment: str) -> list[CheckCell]:
         if not grade_id.startswith("test_"):
             continue
         lines = _source(cell).splitlines()
-        at = [n for n, line in enumerate(lines) if line.startswith(SELF_ASSESS)]
+        at = [n for n, line in enumerate(lines) if SELF_ASSESS.match(line)]
         check = CheckCell(assignment, grade_id, index, lines[: at[0]] if at else [], "")
         if len(at) != 1:
             check.problems.append("the cell must hold one self_assess line")
