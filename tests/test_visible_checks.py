@@ -37,11 +37,14 @@ ANSWER_OF = {"no_head_loop": "MultiHeadAttention"}
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """As the notebooks that train and generate run: one thread (tiny models, a shared machine)."""
+def like_a_notebook_kernel():
+    """One thread, as the notebooks that train and generate run (tiny models, a shared machine);
+    what the cells change in torch (seeds, print options) is put back for the tests after these."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
+    with torch.random.fork_rng():
+        yield
+    torch.set_printoptions(profile="default")
     torch.set_num_threads(before)
 
 
@@ -789,6 +792,7 @@ def test_correct_alternatives_pass_the_visible_checks(assignment, answers):
 # ------------------------------------------------------------ what fails where
 
 
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the wrong answers that use it
 @pytest.mark.parametrize(("assignment", "name", "label", "wrong"), list(wrong_cases()))
 def test_wrong_answer_fails_in_the_visible_check_it_is_listed_for(assignment, name, label, wrong):
     cell = CELLS[(assignment, name)]
