@@ -52,7 +52,8 @@ class Diagnosis:
     name: str
     passed: bool
     message: str | None = None  # the judge's message, as the feedback shows it (None: passed)
-    unfinished: bool = False  # the learner's code still raises NotImplementedError (the stub)
+    # not tried yet: the learner's code still raises NotImplementedError (the stub), or is not defined
+    unfinished: bool = False
     available: bool = True  # False: no judge here (class mode), nothing was checked
     depends_on: tuple[str, ...] = ()
     restore: Callable[[], None] = field(default=lambda: None, repr=False)  # undoes the substitution
@@ -87,6 +88,18 @@ class Observation:
     outputs: list
     problem: str | None = None  # why the outputs stop short (an error, an input changed in place)
     unfinished: bool = False  # the problem is the stub's NotImplementedError
+
+
+def check_properties(name: str, learner, properties, reference) -> Observation:
+    """Run the whole-object checks; the first problem found, if any (a stub's NotImplementedError is one)."""
+    for prop in properties:
+        try:
+            problem = prop(learner, reference)
+        except NotImplementedError as error:  # the property could not run the learner's code: the stub
+            return Observation([], _describe_error(name, error, None), unfinished=True)
+        if problem:
+            return Observation([], problem)
+    return Observation([])
 
 
 def observe(name: str, learner, cases) -> Observation:
@@ -180,18 +193,15 @@ def diagnose(assignment: str, name: str, namespace: dict, judge=None) -> Diagnos
     learner = namespace.get(shipment.target, _MISSING)
     if learner is _MISSING:
         message = f"`{shipment.target}` is not defined: run its exercise cell, and keep the name `{shipment.target}`."
-        return Diagnosis(assignment, name, passed=False, message=judge.missing(assignment, name, message, _replaced()))
+        verdict = judge.missing(assignment, name, message, _replaced())
+        return Diagnosis(assignment, name, passed=False, message=verdict, unfinished=verdict == message)
     depends_on = tuple(shipment.depends_on)
     restore = substitute(namespace, {dep: getattr(shipment.reference, dep) for dep in depends_on})
     try:
-        problem = None
-        for prop in shipment.properties:
-            problem = problem or prop(learner, shipment.reference)
-        seen = Observation([])
-        if not problem:
+        seen = check_properties(shipment.target, learner, shipment.properties, shipment.reference)
+        if not seen.problem:
             seen = observe(shipment.target, learner, shipment.cases)
-            problem = seen.problem
-        message = judge.result(assignment, name, problem, seen.outputs, _replaced())
+        message = judge.result(assignment, name, seen.problem, seen.outputs, _replaced())
     except BaseException:
         restore()
         raise
