@@ -4,7 +4,7 @@ The released notebooks call three functions (from locked cells, so a submission
 cannot change them)::
 
     self_assess("01_attention", "softmax", globals())   # in each check cell, before the visible asserts
-    show_solution("01_attention", "softmax")           # under each exercise
+    show_solution("01_attention", "softmax")           # under each check: a button
     progress("01_attention")                           # near the top; progress() in 00 shows the course
 
 Two modes, decided per assignment by whether its reference notebook is in a
@@ -14,18 +14,23 @@ package is installed to judge with it:
 * self-study (a clone or Binder): ``self_assess`` runs the grader's hidden check
   (``checks.diagnose``, with the in-kernel judge) on the learner's functions and
   prints what the feedback would say (the named misconception and its hint, never
-  the test code); ``show_solution`` shows the exercise's reference cell once its
-  check has run;
+  the test code); when the rest of the cell stops, it says why (``CheckCell``): an
+  earlier exercise of the learner's that fails its own check, or the diagnosis
+  instead of a traceback from inside the check. ``show_solution`` shows a button;
+  a click shows the reference cell once the learner has tried: a check run on their
+  own code, not on the stub. Running the cell (Run All) shows no solution;
 * class mode (no ``solutions/``): ``self_assess`` says in one line that the cell
-  runs the visible checks alone; ``show_solution`` says the instructor has them.
+  runs the visible checks only; ``show_solution`` says the instructor has them.
 
 Either way a check cell's outcome (hidden and visible checks together) is
-recorded in ``.progress.json`` beside the notebook folders (ignored by git),
-which ``progress`` reads each time it is shown, and updates live.
+recorded in ``.progress.json`` beside the notebook folders (ignored by git):
+"passes", "fails", or "not tried" while the exercise is the stub (it still raises
+``NotImplementedError``) or not defined. ``progress`` reads the file each time it
+is shown, and updates live.
 
 While nbgrader grades or validates (``NBGRADER_EXECUTION`` is set) every
-function here returns at once and prints nothing: the hidden tests grade, and
-no line of this module can change a grade.
+function here returns at once and prints nothing: the hidden tests grade, no
+handler is set, and no line of this module can change a grade.
 """
 
 from __future__ import annotations
