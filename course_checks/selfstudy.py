@@ -193,7 +193,7 @@ class CheckCell:
         except NameError:
             record(self.assignment, self.name, self.status(None))
             return
-        self.shell = shell
+        self.shell, self.cell = shell, shell.execution_count
         if CheckCell._current is None:
             CheckCell._saved = (shell.custom_exceptions, shell.CustomTB)
         CheckCell._current = self
@@ -228,7 +228,8 @@ class CheckCell:
     def _handler(self, shell, etype, value, tb, tb_offset=None):
         lines = None
         try:
-            lines = self.explain(value)
+            # only in the check cell itself (were its end ever missed, a later cell gets Python's traceback)
+            lines = self.explain(value) if shell.execution_count == self.cell else None
         except Exception:  # explaining must never hide the error: then the usual traceback
             lines = None
         if lines is None:
