@@ -183,7 +183,6 @@ class CheckCell:
     def __init__(self, assignment: str, name: str, namespace: dict, outcome: Diagnosis | None):
         self.assignment, self.name, self.namespace = assignment, name, namespace
         self.outcome = outcome  # None in class mode: nothing was diagnosed
-        self.error: BaseException | None = None
 
     # ---- the cell's life
 
