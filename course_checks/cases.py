@@ -99,6 +99,18 @@ class Observation:
     unfinished: bool = False  # the problem is the stub's NotImplementedError
 
 
+def check_properties(name: str, learner, properties, reference) -> Observation:
+    """Run the whole-object checks; the first problem found, if any (a stub's NotImplementedError is one)."""
+    for prop in properties:
+        try:
+            problem = prop(learner, reference)
+        except NotImplementedError as error:  # the property could not run the learner's code: the stub
+            return Observation([], _describe_error(name, error, None), unfinished=True)
+        if problem:
+            return Observation([], problem)
+    return Observation([])
+
+
 def observe(name: str, learner, cases) -> Observation:
     """Run the learner's ``learner`` on every case, until the first that fails."""
     outputs = []
