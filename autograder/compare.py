@@ -171,6 +171,20 @@ def disagreement(exercise: Exercise, cases, outputs, expected, ref, predict=None
     )
 
 
+def property_problem(exercise: Exercise, probes, seen, ref) -> str | None:
+    """The first problem the exercise's properties read in what their probes saw (``seen``, in
+    the probes' order; fewer when the probes stopped early), or None."""
+    target = exercise.target or exercise.name
+    for prop, probe, observation in zip(exercise.properties, probes, seen):
+        try:
+            message = prop.reading(observation, probe, ref)
+        except Exception as error:  # what a probe reports comes from the learner's kernel: it may be anything
+            message = f"`{target}`: what the check saw could not be read ({type(error).__name__})."
+        if message:
+            return message
+    return None
+
+
 def reference_outputs(exercise: Exercise, ref_function, cases) -> list:
     """The reference's output on every case (it must not fail)."""
     expected = []

@@ -2,17 +2,18 @@
 
 ``course_checks.checks`` asks a judge for what to observe (``begin``) and for the verdict on
 what it observed (``result``). Under ``./course grade`` the judge is outside the sandbox
-(``worker.judge``, over the wire); where no sandbox is (``nbgrader autograde``, a learner's
-clone with ``solutions/``) it is this one, in the kernel itself, reading the reference from
-the solution notebooks and the cases and mistakes from the catalogues. Either way the same
-catalogue and the same comparison (``compare``) decide.
+(``worker.judge``, over the wire) and no reference answer enters the kernel; where no sandbox
+is (``nbgrader autograde``, a learner's clone with ``solutions/``) it is this one, in the kernel
+itself, reading the reference from the solution notebooks and the cases and mistakes from the
+catalogues: here the reference is in the kernel by design (what stock nbgrader cannot protect).
+Either way the same catalogue and the same comparison (``compare``) decide.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from course_checks.cases import Shipment, check_properties, observe
+from course_checks.cases import Shipment, look, observe
 
 from . import compare, messages, reference
 from .exercises import exercise as find_exercise
@@ -24,6 +25,7 @@ class LocalJudge:
     def __init__(self, solutions: Path):
         self.solutions = Path(solutions)
         self._cases: dict = {}
+        self._probes: dict = {}
 
     def _reference(self, assignment: str):
         return reference.load(assignment, self.solutions)
@@ -35,6 +37,13 @@ class LocalJudge:
             self._cases[key] = list(find_exercise(assignment, name).cases(self._reference(assignment)))
         return self._cases[key]
 
+    def _probes_of(self, assignment: str, name: str) -> list:
+        key = (assignment, name)
+        if key not in self._probes:
+            ref = self._reference(assignment)
+            self._probes[key] = [prop.made(ref) for prop in find_exercise(assignment, name).properties]
+        return self._probes[key]
+
     def begin(self, assignment: str, name: str, tampered) -> Shipment | str:
         if tampered:
             return messages.tampering_message(list(tampered))
@@ -42,19 +51,23 @@ class LocalJudge:
         return Shipment(
             target=exercise.target or name,
             depends_on=tuple(exercise.depends_on),
-            properties=tuple(exercise.properties),
-            reference=self._reference(assignment),
+            probes=tuple(self._probes_of(assignment, name)),
+            given=self._reference(assignment),
             cases=self._cases_of(assignment, name),
         )
 
-    def result(self, assignment: str, name: str, problem, outputs, tampered) -> str | None:
+    def result(self, assignment: str, name: str, problem, outputs, tampered, observations=()) -> str | None:
         if tampered:
             return messages.tampering_message(list(tampered))
         exercise = find_exercise(assignment, name)
         target = exercise.target or name
+        ref = self._reference(assignment)
+        probes = self._probes_of(assignment, name)
+        found = compare.property_problem(exercise, probes, observations, ref)
+        if found:
+            return messages.finish(target, found)
         if problem:
             return messages.finish(target, problem)
-        ref = self._reference(assignment)
         cases = self._cases_of(assignment, name)
         expected = compare.reference_outputs(exercise, getattr(ref, target), cases)
         return messages.finish(target, compare.disagreement(exercise, cases, outputs, expected, ref))
@@ -65,12 +78,16 @@ class LocalJudge:
 
 def judge_function(exercise, learner, ref, cases=None) -> str | None:
     """The message for ``learner`` as ``exercise`` (None when it passes), with ``ref`` the reference module:
-    properties, then every case (``exercise.cases(ref)`` unless given), in this process. For tests and
-    tools that hold a function, not a kernel."""
+    probes and their readings, then every case (``exercise.cases(ref)`` unless given), in this process.
+    For tests and tools that hold a function, not a kernel."""
     target = exercise.target or exercise.name
-    seen = check_properties(target, learner, exercise.properties, ref)
-    if seen.problem:
-        return messages.finish(target, seen.problem)
+    probes = [prop.made(ref) for prop in exercise.properties]
+    looked = look(target, learner, probes, ref)
+    found = compare.property_problem(exercise, probes, looked.seen, ref)
+    if found:
+        return messages.finish(target, found)
+    if looked.problem:
+        return messages.finish(target, looked.problem)
     cases = list(exercise.cases(ref)) if cases is None else list(cases)
     seen = observe(target, learner, cases)
     if seen.problem:

@@ -1,10 +1,12 @@
 """How a check runs the learner's code on one input: ``Case`` (call a function) and ``ModuleCase``
-(build an ``nn.Module`` with given weights, call it); ``observe`` runs it on every case of a check;
-and ``Shipment``, all a judge hands a check.
+(build an ``nn.Module`` with given weights, call it); ``observe`` runs it on every case of a check,
+``look`` runs the check's probes (``probes``); and ``Shipment``, all a judge hands a check.
 
 A case describes an input and how to feed it to the learner's object; it computes no answer of
-its own. The grader's catalogues (``autograder/exercises/``) make the cases; under ``./course
-grade`` they travel pickled into the sandbox, where this module runs them on the learner's code.
+its own (cases that drive the learner's object through a script are in ``scripts``). The
+grader's catalogues (``autograder/exercises/``) make the cases; under ``./course grade`` they
+travel pickled into the sandbox, where this module runs them on the learner's code, and what
+came out goes back to be compared outside.
 """
 
 from __future__ import annotations
@@ -65,9 +67,13 @@ class Shipment:
     """What a judge hands a check before it observes the learner's code."""
 
     target: str  # the learner's object the check grades (usually the exercise's own name)
-    depends_on: tuple[str, ...]  # names substituted by the reference while the check runs
-    properties: tuple  # whole-object checks, each (learner, reference) -> message or None
-    reference: Any  # the reference objects this check may use: its dependencies, nothing of its own
+    depends_on: tuple[str, ...]  # names substituted by the reference's while the check runs
+    probes: tuple  # whole-object looks (``probes``), each run(learner, given) -> what it saw, as data
+    # What the check may use besides the learner's code, by name (``given.softmax``): its
+    # dependencies and what the probes need, never its own exercise. Under ``./course grade`` a
+    # ``proxies.Given`` (the set-up code, and substitutes answered outside); in stock nbgrader and
+    # self-study the reference module itself.
+    given: Any
     cases: list  # what to run the learner's code on (``cases.Case``)
 
 
@@ -89,7 +95,8 @@ def _inputs_changed(case, before) -> bool:
 def _describe_error(name: str, error: BaseException, case) -> str:
     if isinstance(error, NotImplementedError):
         return f"`{name}` is not implemented yet: replace `raise NotImplementedError()` with your code."
-    return f"`{name}` raised {type(error).__name__}: {error} (on {case.label})."
+    where = f" (on {case.label})" if case is not None else ""
+    return f"`{name}` raised {type(error).__name__}: {error}{where}."
 
 
 @dataclass
@@ -97,18 +104,21 @@ class Observation:
     outputs: list
     problem: str | None = None  # why the outputs stop short (an error, an input changed in place)
     unfinished: bool = False  # the problem is the stub's NotImplementedError
+    seen: list = field(default_factory=list)  # what each probe saw (plain data), in order
 
 
-def check_properties(name: str, learner, properties, reference) -> Observation:
-    """Run the whole-object checks; the first problem found, if any (a stub's NotImplementedError is one)."""
-    for prop in properties:
+def look(name: str, learner, probes, given) -> Observation:
+    """Run the check's probes on the learner's object: what each saw, or the problem that stopped
+    them (a stub's NotImplementedError is one). Judging what they saw is the judge's job."""
+    seen = []
+    for probe in probes:
         try:
-            problem = prop(learner, reference)
-        except NotImplementedError as error:  # the property could not run the learner's code: the stub
-            return Observation([], _describe_error(name, error, None), unfinished=True)
-        if problem:
-            return Observation([], problem)
-    return Observation([])
+            seen.append(probe.run(learner, given))
+        except NotImplementedError as error:  # the probe could not run the learner's code: the stub
+            return Observation([], _describe_error(name, error, None), unfinished=True, seen=seen)
+        except Exception as error:  # a probe that could not finish: what stopped it is the problem
+            return Observation([], _describe_error(name, error, None), seen=seen)
+    return Observation([], seen=seen)
 
 
 def observe(name: str, learner, cases) -> Observation:

@@ -10,9 +10,10 @@ with the reference and names the misconception when the outputs match a known mi
 that is a judge's job, and this package holds no reference, no catalogue of mistakes and
 no comparison. The judge is, in this order:
 
-- under ``./course grade``: the grader outside the sandbox, over the wire (``verdict.Link``,
-  found when the kernel starts). No reference enters the kernel but the exercise's
-  dependencies (below), and student code cannot reach the comparison;
+- under ``./course grade``: the grader outside the sandbox, over the wire
+  (``proxies.RemoteJudge`` on the ``verdict.Link`` found when the kernel starts). No reference
+  answer enters the kernel: the dependencies below are substitutes the grader answers from
+  outside, and student code cannot reach the comparison;
 - the grader package's in-kernel judge (``autograder.local_judge``), when that package is
   installed and the assignment's solution notebook is found above the working folder
   (``course.solutions_root``): stock nbgrader on the instructor's machine, and self-study
@@ -20,8 +21,9 @@ no comparison. The judge is, in this order:
 - none: a class student's environment, whose released notebooks hold no hidden checks.
 
 Exercises are checked independently: while an exercise is checked, the functions it builds
-on (``depends_on``) are the reference ones, so a wrong ``softmax`` costs the ``softmax``
-points only, not those of ``attention``. When the hidden checks pass, ``check`` keeps that
+on (``depends_on``) are the reference ones (under ``./course grade`` substitutes answered by
+the grader, ``proxies``), so a wrong ``softmax`` costs the ``softmax`` points only, not those
+of ``attention``. When the hidden checks pass, ``check`` keeps that
 substitution until the end of the test cell, so the visible checks after them judge the
 exercise alone too; then the learner's own functions are back.
 
@@ -35,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import course, trusted, verdict
-from .cases import check_properties, observe
+from . import course, proxies, trusted, verdict
+from .cases import look, observe
 
 _MISSING = object()
 
@@ -95,8 +97,8 @@ def after_this_cell(action: Callable[..., None]) -> None:
 
 def judge_for(assignment: str):
     """The judge of this kernel's checks of ``assignment`` (see the module's text), or None."""
-    if _LINK is not None:
-        return _LINK
+    if _REMOTE is not None:
+        return _REMOTE
     solutions = course.solutions_root(assignment)
     if solutions is None:
         return None
@@ -135,12 +137,11 @@ def diagnose(assignment: str, name: str, namespace: dict, judge=None) -> Diagnos
         verdict = judge.missing(assignment, name, message, _replaced())
         return Diagnosis(assignment, name, passed=False, message=verdict, unfinished=verdict == message)
     depends_on = tuple(shipment.depends_on)
-    restore = substitute(namespace, {dep: getattr(shipment.reference, dep) for dep in depends_on})
+    restore = substitute(namespace, {dep: getattr(shipment.given, dep) for dep in depends_on})
     try:
-        seen = check_properties(shipment.target, learner, shipment.properties, shipment.reference)
-        if not seen.problem:
-            seen = observe(shipment.target, learner, shipment.cases)
-        message = judge.result(assignment, name, seen.problem, seen.outputs, _replaced())
+        looked = look(shipment.target, learner, shipment.probes, shipment.given)
+        seen = looked if looked.problem else observe(shipment.target, learner, shipment.cases)
+        message = judge.result(assignment, name, seen.problem, seen.outputs, _replaced(), looked.seen)
     except BaseException:
         restore()
         raise
@@ -163,6 +164,7 @@ def check(assignment: str, name: str, namespace: dict) -> None:
 
 # Bound now, as the kernel starts (``kernel_boot``): replacing ``trusted.replaced`` or the
 # link's environment variable afterwards changes nothing here (and the first is itself one
-# of the changes the detector reports).
+# of the changes the detector reports). Nothing else in the kernel reads the environment.
 _replaced = trusted.replaced
 _LINK = verdict.link()
+_REMOTE = proxies.RemoteJudge(_LINK) if _LINK is not None else None

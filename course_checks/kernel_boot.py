@@ -4,15 +4,16 @@ First the snapshot of torch, numpy and the builtins (``trusted``), then the grad
 the hidden tests call, which ``trusted.seal`` then records as they are: a notebook that
 replaces any of them afterwards is caught (``trusted.replaced``).
 
-Under ``./course grade`` that is all: the judge is outside. Elsewhere (stock nbgrader on the
-instructor's machine, self-study) the grader package's in-kernel judge is loaded and sealed
-too, when it is installed; a class student's environment has none, and needs none.
+Under ``./course grade`` that is all: the judge, the catalogue and the reference are outside,
+and the grader's package is not even importable in the sandbox. Elsewhere (stock nbgrader on
+the instructor's machine, self-study) the grader package's in-kernel judge is loaded and
+sealed too, when it is installed; a class student's environment has none, and needs none.
 """
 
 # trusted takes its snapshot as it is imported: here, before any student code runs
-from . import cases, checks, course, modules, trusted, verdict
+from . import cases, checks, course, modules, probes, proxies, scripts, trusted, verdict
 
-_sealed = [trusted, verdict, cases, modules, course, checks]
+_sealed = [trusted, verdict, cases, scripts, probes, modules, proxies, course, checks]
 if checks._LINK is None:
     try:
         from autograder import compare, local_judge, reference

@@ -10,6 +10,8 @@ made afterwards could be fooled.
 import base64
 import builtins
 import json
+import json.decoder
+import json.encoder
 import math
 import pickle
 import socket
@@ -30,10 +32,14 @@ _MODULES = {
     "numpy": numpy,
     "numpy.testing": numpy.testing,
     "math": math,
-    # what the wire to the grader is made of
+    # what the wire to the grader is made of (``verdict`` binds the C parts it uses when it is
+    # imported, so a change here has no effect on the wire; it is reported all the same)
     "json": json,
+    "json.encoder": json.encoder,
+    "json.decoder": json.decoder,
     "base64": base64,
     "pickle": pickle,
+    "socket": socket,
 }
 # ipykernel itself swaps builtins such as input() on every execution, so only
 # the builtins that the checks call are watched.
@@ -47,6 +53,8 @@ _CLASSES = {
     "torch._C.TensorBase": torch._C.TensorBase,
     "numpy.ndarray": numpy.ndarray,
     "socket.socket": socket.socket,
+    "json.encoder.JSONEncoder": json.encoder.JSONEncoder,
+    "json.decoder.JSONDecoder": json.decoder.JSONDecoder,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -246,21 +247,27 @@ def fake_judge(monkeypatch):
     return judge.Judge("99_fake", FAKE_CELLS)
 
 
-def test_dependencies_are_revealed_only_after_their_own_check(fake_judge):
+def test_dependencies_are_handed_over_only_after_their_own_check_and_never_as_code(fake_judge):
     graded = {"double", "quad", "Tiny"}
     early = fake_judge.shipment("quad", checked=set(), graded=graded)
     assert "checked before `double`" in early["message"]
     shipment = fake_judge.shipment("quad", checked={"double"}, graded=graded)
-    assert [gid for gid, _ in shipment["cells"]] == ["setup_imports", "double"]
-    assert fake_judge.shipment("double", checked=set(), graded=graded)["cells"] == []
+    assert shipment["setup"] == [FAKE_CELLS[0]]  # the set-up cell's code; no answer cell's
+    assert shipment["answers"]["double"] == {"kind": "function"} and "quad" not in shipment["answers"]
+    assert shipment["grant"] == ["double"]  # the one substitute this check may call
+    assert "def double" not in json.dumps({k: v for k, v in shipment.items() if k != "grant"})
+    own = fake_judge.shipment("double", checked=set(), graded=graded)
+    assert own["grant"] == [] and "double" not in own["answers"]
 
 
 def test_module_cases_ship_their_weights_but_not_the_reference_class(fake_judge):
-    from course_checks import verdict
+    from course_checks import proxies, verdict
 
     shipment = fake_judge.shipment("Tiny", checked=set(), graded={"Tiny"})
-    assert shipment["cells"] == []
-    (case,) = verdict.unpack(shipment["cases"])
+    assert shipment["grant"] == [] and "Tiny" not in shipment["answers"]
+    raw = verdict.b64decode(shipment["cases"])
+    assert b"reference" not in raw and b"Tiny" not in raw
+    (case,) = proxies.unpack(shipment["cases"])
     assert not hasattr(case, "reference") and set(case.state) == {"proj.weight"}
     output = case.run(fake_judge.ref.Tiny)  # the learner's class would be built the same way
     assert fake_judge.verdict("Tiny", None, [verdict.encode(output)], []) is None

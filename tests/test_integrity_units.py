@@ -275,6 +275,11 @@ def _forked(code: str) -> str:
         ),
         ("import course_checks.trusted as t\nt.replaced = lambda: []", "course_checks.trusted.replaced"),
         ("import json\njson.dumps = repr", "json.dumps"),
+        ("import json.encoder\njson.encoder.c_make_encoder = None", "json.encoder.c_make_encoder"),
+        ("import json.encoder\njson.encoder.JSONEncoder.encode = repr", "json.encoder.JSONEncoder.encode"),
+        ("import socket\nsocket.create_connection = print", "socket.create_connection"),
+        ("import course_checks.proxies as p\np.Given._ask = lambda *a, **k: 0", "Given._ask"),
+        ("import course_checks.probes as p\np.HeadLoop.run = lambda *a: {}", "HeadLoop.run"),
         # the comparison and the catalogue's types, which a stock-nbgrader check runs in the kernel
         ("import autograder.compare as c\nc.close = lambda *a: None", "autograder.compare.close"),
         ("import course_checks.cases as c\nc.Case.run = lambda self, f: 0", "Case.run"),
@@ -284,6 +289,27 @@ def _forked(code: str) -> str:
 def test_changes_to_the_grading_helpers_are_detected(code, found):
     assert checks._replaced() == []
     assert found in _forked(code)
+
+
+def test_the_wire_writes_and_reads_with_what_it_bound_before_student_code():
+    """A notebook that patches json (its encoder, its decoder) or base64 changes nothing the wire
+    writes or reads: it bound their C parts when it was imported. (The change is reported too.)"""
+    found = _forked("""
+        import base64, json, json.decoder, json.encoder
+        json.encoder.c_make_encoder = None
+        json.encoder.JSONEncoder.encode = lambda self, o: '{"tampered": []}'
+        json.dumps = lambda *a, **k: '{"tampered": []}'
+        json.decoder.JSONDecoder.decode = lambda self, s: {}
+        json.loads = lambda *a, **k: {}
+        base64.b64encode = lambda data: b""
+        from course_checks import verdict
+        message = {"op": "result", "tampered": ["torch.allclose"], "outputs": [verdict.encode(1.5)]}
+        assert verdict.dumps(message) == b'{"op":"result","tampered":["torch.allclose"],"outputs":[{"value":1.5}]}'
+        assert verdict.loads(verdict.dumps(message)) == message
+        import torch
+        assert verdict.decode(verdict.encode(torch.arange(3.0))).tolist() == [0.0, 1.0, 2.0]
+    """)
+    assert "json.encoder.c_make_encoder" in found and "json.loads" in found and "base64.b64encode" in found
 
 
 @pytest.mark.parametrize(

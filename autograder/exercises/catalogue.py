@@ -1,11 +1,17 @@
-"""The vocabulary every catalogue is written in: ``Exercise``, ``Mistake``, and the kernel's case types.
+"""The vocabulary every catalogue is written in: ``Exercise``, ``Mistake``, ``Property``, and the kernel's case types.
 
 An exercise module (``autograder/exercises/<topic>.py``) describes each exercise
 with these: the seeded inputs it is checked on (``Case``, ``ModuleCase``, made with
-``module_case``: the kernel side's types, which run the learner's code and compute no
-answer), its tolerance, what it builds on, and the known mistakes it can name. The
-judge (``autograder.worker.judge``, outside the sandbox) and the in-kernel judge
+``module_case``, and the scripts of ``course_checks.scripts``: the kernel side's types, which
+run the learner's code and compute no answer), its tolerance, what it builds on, the
+whole-object looks it needs (``Property``: a probe of ``course_checks.probes`` run where the
+learner's code runs, read here), and the known mistakes it can name. The judge
+(``autograder.worker.judge``, outside the sandbox) and the in-kernel judge
 (``autograder.local_judge``) read them; comparing outputs is ``autograder.compare``'s job.
+
+Nothing here is ever loaded in a graded kernel under ``./course grade``: the cases and probes
+travel as data (pickled with the kernel side's classes only), the mistakes and readings stay
+with the judge.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 from course_checks.cases import Case, ModuleCase
 
-__all__ = ["Case", "ModuleCase", "module_case", "Mistake", "Exercise"]
+__all__ = ["Case", "ModuleCase", "module_case", "Mistake", "Property", "Exercise"]
 
 
 def module_case(
@@ -65,6 +71,26 @@ class Mistake:
 
 
 @dataclass
+class Property:
+    """A whole-object look at the learner's object that comparing outputs cannot give (no loop
+    over heads, the blocks registered, causal, reproducible, one token per pass).
+
+    ``probe`` (a ``course_checks.probes`` object, plain data, or a function of the reference
+    module that makes one, as ``Exercise.cases`` does: a probe that carries a model with the
+    reference's weights) runs where the learner's code runs and reports what it saw;
+    ``reading(seen, probe, ref)`` turns that into the learner's message, or None, here with the
+    judge (``ref``: the reference module, when the reading needs it).
+    """
+
+    probe: Any
+    reading: Callable[[Any, Any, Any], str | None]
+
+    def made(self, ref):
+        """The probe, made from the reference module ``ref`` when it is made from it."""
+        return self.probe(ref) if callable(self.probe) else self.probe
+
+
+@dataclass
 class Exercise:
     """What ``check`` needs to know about one exercise."""
 
@@ -78,17 +104,16 @@ class Exercise:
     rtol: float = 1e-5
     depends_on: Sequence[str] = ()
     mistakes: Sequence[Mistake] = ()
-    # Extra whole-function checks (e.g. "no loop over heads"): each takes the
-    # learner's object and the reference objects the check may use (its
-    # dependencies, ``reference_uses``), and returns None or a message. They run
-    # where the learner's code runs, so they must pickle (module-level functions).
-    properties: Sequence[Callable[[Any, Any], str | None]] = ()
+    # Whole-object looks (``Property``), read before the cases are compared: the first
+    # reading that finds a problem is the check's message.
+    properties: Sequence[Property] = ()
     # The learner's object this exercise grades when it is not ``name``: a check
     # with its own points on another exercise's object (e.g. "no loop over heads"
     # in ``MultiHeadAttention``), usually with properties and no cases.
     target: str | None = None
-    # Reference objects the properties may use besides the dependencies (not
+    # Reference objects the probes may use besides the dependencies (not
     # substituted into the learner's namespace; e.g. helpers to fall back on
-    # when the learner's own fail). The sandboxed grader ships them in with
-    # the dependencies, under the same rule: only once their own checks ran.
+    # when the learner's own fail). Under ``./course grade`` they are handed in
+    # like the dependencies (substitutes for answers of the notebook), under
+    # the same rule: only once their own checks ran.
     reference_uses: Sequence[str] = ()

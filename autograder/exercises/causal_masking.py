@@ -8,7 +8,7 @@ a mask: a few float32 operations on values of order 1, where correct writings
 as in notebook 01; every catalogued mistake moves outputs by more than 1e-2.
 
 The property that matters, "changing a future token never changes an earlier
-output", is checked by ``FutureChangeCase``: each runs the learner's function
+output", is checked by ``FutureChangeCase`` (``course_checks.scripts``): each runs the learner's function
 on a random sequence and on a copy with random later tokens replaced, and
 returns how far the earlier outputs moved. The reference gives exactly 0.
 It is written as cases, not as ``Exercise.properties``, so that a learner who
@@ -16,9 +16,9 @@ breaks it through a known mistake (the mask applied after the softmax) is
 still told which mistake it is.
 """
 
-from dataclasses import dataclass
-
 import torch
+
+from course_checks.scripts import FutureChangeCase
 
 from .catalogue import Case, Exercise, Mistake
 
@@ -170,23 +170,6 @@ CAUSAL_MASK_MISTAKES = [
 
 
 # ---------------------------------------------------------------- causal_attention
-
-
-@dataclass
-class FutureChangeCase(Case):
-    """Self-attention on a sequence, run twice: as given (``args[:3]`` = q, k, v)
-    and with some tokens from position ``first`` on replaced (``args[3:]``).
-    Returns how far the outputs before ``first`` moved: exactly 0 when no
-    token sees the future."""
-
-    first: int = 1
-
-    def run(self, function):
-        before = function(*self.args[:3], **self.kwargs)
-        after = function(*self.args[3:], **self.kwargs)
-        if not (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)) or before.shape != after.shape:
-            return before  # let the comparison say what is wrong with the output itself
-        return after[..., : self.first, :] - before[..., : self.first, :]
 
 
 def _future_change_case(generator, batch: tuple, T: int, d: int, d_v: int, dtype=torch.float32) -> FutureChangeCase:

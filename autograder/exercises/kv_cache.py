@@ -25,7 +25,8 @@ Tolerances:
 While an exercise is checked, the ones it builds on are the reference's
 (``depends_on``), so a wrong ``KVCache`` costs the ``KVCache`` points only.
 The cases build their caches from the reference ``KVCache`` for the same
-reason (in the sandbox, that class arrives with the dependencies).
+reason (under ``./course grade`` a substitute whose instances the grader holds outside).
+The scripts the cases run are ``course_checks.scripts``' (they drive the learner's code).
 
 Every mutant differs from the reference and from the other mutants of its
 exercise on these cases (tests/test_kv_cache_reference.py checks it).
@@ -33,14 +34,14 @@ exercise on these cases (tests/test_kv_cache_reference.py checks it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from course_checks.probes import EmbeddedPositions
+from course_checks.scripts import AttendScript, CacheScript, ForwardScript, LimitCase, SamplingCase
+
 from ..messages import tagged
-from .catalogue import Case, Exercise, Mistake, module_case
-from .llama import SamplingCase
+from .catalogue import Case, Exercise, Mistake, Property, module_case
 
 ASSIGNMENT = "08_kv_cache"
 
@@ -50,50 +51,6 @@ def _generator(seed: int) -> torch.Generator:
 
 
 # ---------------------------------------------------------------- KVCache
-
-
-@dataclass
-class CacheScript(Case):
-    """Drive a fresh cache: ("update", layer, k, v) returns (k, v); ("length",) reads cache.length.
-
-    A first cache is made and filled before the one the script uses, so a cache
-    whose storage is shared between instances (a class-level dict) shows.
-    """
-
-    steps: tuple = ()
-
-    def run(self, cls):
-        decoy = cls()
-        decoy.update(0, torch.full((1, 1, 3, 2), 9.0), torch.full((1, 1, 3, 2), 9.0))
-        cache = cls()
-        results = []
-        for step in self.steps:
-            if step[0] == "length":
-                length = cache.length
-                results.append(int(length) if isinstance(length, (int, float)) else length)
-            else:
-                _, layer, k, v = step
-                results.extend(cache.update(layer, k.clone(), v.clone()))
-        return tuple(results)
-
-    @property
-    def item_names(self) -> tuple:
-        """What each item of the result is, for a message that says which differs (``compare.close``)."""
-        names, calls = [], 0
-        for step in self.steps:
-            if step[0] == "length":
-                names.append(f"`length` after {calls} update calls" if calls else "`length` of the new cache")
-            else:
-                calls += 1
-                positions = step[2].shape[2]
-                where = f"(layer {step[1]}, {positions} new position{'s' if positions != 1 else ''})"
-                names += [f"the {kind} update call {calls} returned {where}" for kind in ("keys", "values")]
-        return tuple(names)
-
-
-def _span(first, last) -> str:
-    first, last = int(first), int(last)
-    return f"position {first}" if first == last else f"positions {first} to {last}"
 
 
 def _prompt_then_tokens(g, n_layers, B, G, Dh, prompt, new_tokens, chunk=0):
@@ -208,41 +165,6 @@ def _randomised(module, seed: int):
         for parameter in module.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=g) * parameter.shape[-1] ** -0.5)
     return module.eval()
-
-
-@dataclass
-class AttendScript(Case):
-    """Run attention steps on a fresh reference cache; the result is every output, then each layer's cached k and v.
-
-    ``args`` = (layers, steps): the GroupedQueryAttention of each layer, and the
-    steps as (layer, x, positions); ``cache_class`` the reference KVCache (a dependency).
-    """
-
-    cache_class: type = None
-
-    def run(self, function):
-        layers, steps = self.args
-        cache = self.cache_class()
-        outputs = []
-        with torch.no_grad():
-            for layer, x, positions in steps:
-                outputs.append(function(layers[layer], x, positions, cache, layer))
-        held = []
-        for layer in range(len(layers)):
-            held.append(cache.keys.get(layer, torch.zeros(0)))
-            held.append(cache.values.get(layer, torch.zeros(0)))
-        return tuple(outputs + held)
-
-    @property
-    def item_names(self) -> tuple:
-        layers, steps = self.args
-        names = [
-            f"the output of call {i} (layer {layer}, {_span(p[0], p[-1])})"
-            for i, (layer, _, p) in enumerate(steps, start=1)
-        ]
-        for layer in range(len(layers)):
-            names += [f"the {kind} cached for layer {layer} at the end" for kind in ("keys", "values")]
-        return tuple(names)
 
 
 def _attend_steps(g, n_layers, B, D, prompt, singles, chunk=0):
@@ -390,27 +312,6 @@ def _model(ref, seed, **sizes):
     return module_case("", reference=ref.Llama, init_args=(config,), seed=seed).build(ref.Llama)
 
 
-@dataclass
-class ForwardScript(Case):
-    """Feed chunks of tokens to a fresh reference cache; the result is each chunk's logits and the final length."""
-
-    cache_class: type = None
-
-    def run(self, function):
-        model, chunks = self.args
-        cache = self.cache_class()
-        outputs = [function(model, chunk, cache) for chunk in chunks]
-        return tuple(outputs) + (int(cache.length),)
-
-    @property
-    def item_names(self) -> tuple:
-        names, start = [], 0
-        for i, chunk in enumerate(self.args[1], start=1):
-            names.append(f"the logits of call {i} (the tokens at {_span(start, start + chunk.shape[1] - 1)})")
-            start += chunk.shape[1]
-        return (*names, "`cache.length` at the end")
-
-
 def _chunks(tokens, sizes):
     out, start = [], 0
     for size in sizes:
@@ -522,18 +423,6 @@ def _greedy_model(ref):
     return _model(ref, 5, vocab_size=31, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64, max_seq_len=16)
 
 
-@dataclass
-class LimitCase(Case):
-    """True when the call raises ValueError (a text longer than max_seq_len), False when it returns."""
-
-    def run(self, function):
-        try:
-            function(*self.args, **self.kwargs)
-        except ValueError:
-            return True
-        return False
-
-
 def _sampling_model(ref):
     model = _model(ref, 6, vocab_size=6, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_hidden=32, max_seq_len=8)
     with torch.no_grad():
@@ -628,18 +517,7 @@ def _generate_with(feed="new", checks_limit=True):
     return mutant
 
 
-class _EmbedCounter:
-    """Counts the token positions a model embeds (per sequence), through a forward hook."""
-
-    def __init__(self, model):
-        self.positions = 0
-        self.handle = model.embed.register_forward_hook(self.hook)
-
-    def hook(self, module, inputs, output):
-        self.positions += inputs[0].shape[-1]
-
-
-def _reads_new_tokens_only(learner, ref) -> str | None:
+def _one_token_per_pass(ref) -> EmbeddedPositions:
     """Right tokens, but recomputed: more than prompt + max_new_tokens positions embedded in all.
 
     Only a learner whose greedy tokens are right is judged here (a wrong one is
@@ -647,27 +525,33 @@ def _reads_new_tokens_only(learner, ref) -> str | None:
     07's generate, or forward_cached on the whole sequence with a new cache at
     every step. Both give generate's tokens at generate's cost.
     """
-    model = _greedy_model(ref)
-    prompt = torch.randint(0, 31, (2, 4), generator=_generator(77))
-    counter = _EmbedCounter(model)
+    return EmbeddedPositions(
+        model=_greedy_model(ref), prompt=torch.randint(0, 31, (2, 4), generator=_generator(77)), new_tokens=8
+    )
+
+
+def _recomputes_reading(seen, probe, ref) -> str | None:
+    """What ``EmbeddedPositions`` saw: the learner's tokens against 07's generate, and the positions."""
     try:
-        out = learner(model, prompt, 8, temperature=0)
-    except Exception:
-        return None  # diagnose() reports it with the case it happens on
-    finally:
-        counter.handle.remove()
+        out, positions = seen
+        positions = int(positions)
+    except (TypeError, ValueError):
+        return "`generate_cached`: the check of its forward passes did not report what it saw."
+    prompt, new = probe.prompt, probe.new_tokens
     right = (
         isinstance(out, torch.Tensor)
-        and out.shape == (2, 12)
-        and torch.equal(out.long(), ref.generate(model, prompt, 8, temperature=0))
+        and tuple(out.shape) == (prompt.shape[0], prompt.shape[1] + new)
+        and not out.is_floating_point()
+        and torch.equal(out.long(), ref.generate(probe.model, prompt, new, temperature=0))
     )
-    if right and counter.positions > 4 + 8:
+    most = prompt.shape[1] + new
+    if right and positions > most:
         return tagged(
-            f"`generate_cached` gives the right tokens but embedded {counter.positions} token positions to "
-            "write 8 tokens after a prompt of 4; with a cache the prompt is read once and then one new token "
-            "per step, at most 12. It recomputes the sequence (model(tokens), generate, or forward_cached "
-            "on the whole sequence with a new cache): feed forward_cached the prompt once, then only each new "
-            "token, with the same cache.",
+            f"`generate_cached` gives the right tokens but embedded {positions} token positions to "
+            f"write {new} tokens after a prompt of {prompt.shape[1]}; with a cache the prompt is read once and "
+            f"then one new token per step, at most {most}. It recomputes the sequence (model(tokens), generate, "
+            "or forward_cached on the whole sequence with a new cache): feed forward_cached the prompt once, "
+            "then only each new token, with the same cache.",
             "recomputes-sequence",
         )
     return None
@@ -730,6 +614,6 @@ EXERCISES = {
         rtol=0.0,
         depends_on=("KVCache", "attend_with_cache", "forward_cached"),
         mistakes=GENERATE_MISTAKES,
-        properties=(_reads_new_tokens_only,),
+        properties=(Property(_one_token_per_pass, _recomputes_reading),),
     ),
 }

@@ -36,27 +36,18 @@ and from the other mutants (tests/test_llama_reference.py checks it).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .catalogue import Case, Exercise, Mistake, module_case
+from course_checks.probes import FutureMoves, IsDataclass, LayersKept, SameSamples
+from course_checks.scripts import Bigram, ConfigCase, LoadCase, SamplingCase
+
+from .catalogue import Case, Exercise, Mistake, Property, module_case
 
 ASSIGNMENT = "07_llama"
-FIELDS = (
-    "vocab_size",
-    "d_model",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "d_hidden",
-    "norm_eps",
-    "rope_base",
-    "max_seq_len",
-)
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -64,27 +55,6 @@ def _generator(seed: int) -> torch.Generator:
 
 
 # ---------------------------------------------------------------- ModelConfig
-
-
-@dataclass
-class ConfigCase(Case):
-    """Build a ModelConfig; the result is the tuple of its fields, or whether it refused."""
-
-    expect_error: bool = False
-
-    def run(self, cls):
-        if self.expect_error:
-            try:
-                cls(*self.args, **self.kwargs)
-            except Exception:
-                return True
-            return False
-        config = cls(*self.args, **self.kwargs)
-        return tuple(getattr(config, name) for name in FIELDS)
-
-    @property
-    def item_names(self) -> tuple:
-        return () if self.expect_error else tuple(f"field `{name}`" for name in FIELDS)
 
 
 def model_config_cases(ref):
@@ -156,10 +126,14 @@ def _config_with(eps_default=1e-6, check_heads=True, check_groups=True, check_ev
     return mutant
 
 
-def _is_dataclass(learner, ref) -> str | None:
-    if not (isinstance(learner, type) and dataclasses.is_dataclass(learner)):
-        return "`ModelConfig` should be a class decorated with @dataclass (from dataclasses import dataclass)."
-    return None
+IS_DATACLASS = Property(
+    IsDataclass(),
+    lambda seen, probe, ref: (
+        None
+        if seen is True
+        else "`ModelConfig` should be a class decorated with @dataclass (from dataclasses import dataclass)."
+    ),
+)
 
 
 # More specific mistakes first: a learner is matched on the cases they fail only,
@@ -293,51 +267,42 @@ def _last_position_only(self, tokens):
     return self.lm_head(self.norm(x))[:, -1, :]
 
 
-def _build_learner_llama(learner, ref, seed=11):
-    """The learner's Llama with the reference's random weights (a small GQA model)."""
-    case = next(iter(llama_cases(ref)))
-    case = module_case(case.label, case.args, reference=ref.Llama, init_args=case.init_args, seed=seed)
-    return case.build(learner), case
+_SMALL = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64)
 
 
-def _layers_registered(learner, ref) -> str | None:
+def _layers_reading(seen, probe, ref) -> str | None:
+    if seen != "list":
+        return None
+    return (
+        "`Llama`: `self.layers` is a plain Python list, so nn.Module does not see the blocks: their "
+        "weights are missing from parameters() (never trained) and state_dict() (never saved or loaded). "
+        "Wrap them in nn.ModuleList(...)."
+    )
+
+
+def _future_tokens() -> tuple:
+    tokens = torch.randint(0, 50, (2, 9), generator=_generator(77))
+    edited = tokens.clone()
+    edited[:, 5:] = (edited[:, 5:] + 7) % 50
+    return tokens, edited
+
+
+def _causal_reading(seen, probe, ref) -> str | None:
+    """Changing later tokens never changes earlier logits (what ``FutureMoves`` saw)."""
+    if not seen:
+        return None
     try:
-        model = learner(_config(ref, vocab_size=50, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_hidden=64))
-    except Exception:
-        return None  # diagnose() reports the error with the case it happened on
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, (list, tuple)):
-        return (
-            "`Llama`: `self.layers` is a plain Python list, so nn.Module does not see the blocks: their "
-            "weights are missing from parameters() (never trained) and state_dict() (never saved or loaded). "
-            "Wrap them in nn.ModuleList(...)."
-        )
-    return None
+        first, moved = int(seen[0]), float(seen[1])
+    except (TypeError, ValueError, IndexError):
+        return "`Llama`: the check of causality did not report what it saw."
+    return (
+        f"`Llama` is not causal: changing tokens 5..8 changed the logits at position {first} "
+        f"(by {moved:.2g}). Position t may depend on tokens 0..t only: use the given "
+        "TransformerBlock (causal) and nothing that mixes positions."
+    )
 
 
-def _causal(learner, ref) -> str | None:
-    """Changing later tokens never changes earlier logits."""
-    try:
-        model, case = _build_learner_llama(learner, ref)
-        tokens = torch.randint(0, 50, (2, 9), generator=_generator(77))
-        edited = tokens.clone()
-        edited[:, 5:] = (edited[:, 5:] + 7) % 50
-        with torch.no_grad():
-            before, after = model(tokens), model(edited)
-    except Exception:
-        return None  # diagnose() reports it
-    if not isinstance(before, torch.Tensor) or before.dim() != 3 or before.shape[1] != 9:
-        return None  # diagnose() reports the shape
-    moved = (after[:, :5].double() - before[:, :5].double()).abs().amax(dim=(0, 2))
-    if bool((moved > 1e-5).any()):
-        first = int(torch.nonzero(moved > 1e-5)[0])
-        return (
-            f"`Llama` is not causal: changing tokens 5..8 changed the logits at position {first} "
-            f"(by {float(moved[first]):.2g}). Position t may depend on tokens 0..t only: use the given "
-            "TransformerBlock (causal) and nothing that mixes positions."
-        )
-    return None
-
+CAUSAL = Property(FutureMoves(_SMALL, *_future_tokens(), first=5, seed=11), _causal_reading)
 
 LLAMA_MISTAKES = [
     Mistake(
@@ -384,27 +349,6 @@ LLAMA_MISTAKES = [
 # ---------------------------------------------------------------- generate
 
 
-@dataclass
-class BigramConfig:
-    """What ``generate`` (and a sampling case) reads of a model's config: its vocabulary and the
-    context it was trained for."""
-
-    vocab_size: int
-    max_seq_len: int = 16
-
-
-class Bigram(torch.nn.Module):
-    """A stand-in model whose next-token logits depend on the last token only."""
-
-    def __init__(self, table: torch.Tensor, max_seq_len: int = 16):
-        super().__init__()
-        self.config = BigramConfig(table.shape[-1], max_seq_len)
-        self.register_buffer("table", table)
-
-    def forward(self, tokens):
-        return self.table[tokens]  # (B, T, V)
-
-
 def _bigram_table() -> torch.Tensor:
     # 8 tokens; from each token, a distribution with clear gaps between the
     # top few tokens (so temperature and top-k change shares by > 0.1), and a
@@ -412,32 +356,6 @@ def _bigram_table() -> torch.Tensor:
     # on the first sampled token).
     base = torch.tensor([2.2, 1.5, 1.0, 0.4, 0.0, -0.5, -1.0, -1.6])
     return torch.stack([base.roll(2 * i + 1) for i in range(8)])
-
-
-@dataclass
-class SamplingCase(Case):
-    """Draw many continuations under a seed; the result is each new position's token shares (steps, V).
-    Notebook 08's generate_cached is checked with it too."""
-
-    seed: int = 0
-
-    def run(self, function):
-        model, prompt, steps = self.args[:3]
-        with torch.random.fork_rng():
-            torch.manual_seed(self.seed)
-            out = function(*self.args, **self.kwargs)
-        expected = (prompt.shape[0], prompt.shape[1] + steps)
-        if not isinstance(out, torch.Tensor) or tuple(out.shape) != expected:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(
-                f"it returned {shape} for a prompt of shape {tuple(prompt.shape)} and "
-                f"max_new_tokens={steps}; expected {expected}, the prompt followed by the new tokens"
-            )
-        vocab = model.config.vocab_size
-        new = out[:, prompt.shape[1] :].long()
-        return torch.stack(
-            [torch.bincount(new[:, j], minlength=vocab)[:vocab].double() / new.shape[0] for j in range(steps)]
-        )
 
 
 def _greedy_model(ref, seed, max_seq_len=2048):
@@ -555,25 +473,20 @@ def _generate_mutant(logits_of=_last_logits, pick=_right_pick):
     return lambda ref: _sampler(logits_of, pick)
 
 
-def _reproducible(learner, ref) -> str | None:
-    """The same torch.manual_seed gives the same samples."""
-    bigram = Bigram(_bigram_table())
-    prompt = torch.tensor([[3, 0]]).repeat(64, 1)
-    outputs = []
-    try:
-        for _ in range(2):
-            with torch.random.fork_rng():
-                torch.manual_seed(123)
-                outputs.append(learner(bigram, prompt, 5))
-        same = isinstance(outputs[0], torch.Tensor) and torch.equal(outputs[0], outputs[1])
-    except Exception:
-        return None  # diagnose() reports it
-    if not same:
+def _reproducible_reading(seen, probe, ref) -> str | None:
+    """The same torch.manual_seed gives the same samples (what ``SameSamples`` saw)."""
+    if seen is False:
         return (
             "`generate` is not reproducible: two calls after the same torch.manual_seed(123) gave different "
             "tokens. Sample with torch (torch.multinomial), not with Python's random or NumPy."
         )
     return None
+
+
+REPRODUCIBLE = Property(
+    SameSamples(model=Bigram(_bigram_table()), prompt=torch.tensor([[3, 0]]).repeat(64, 1), steps=5, seed=123),
+    _reproducible_reading,
+)
 
 
 GENERATE_MISTAKES = [
@@ -668,26 +581,6 @@ def hf_state_dict(model, tied: bool = False) -> dict:
         out[hf + "mlp.up_proj.weight"] = ours[me + "mlp.w3.weight"]
         out[hf + "mlp.down_proj.weight"] = ours[me + "mlp.w2.weight"]
     return out
-
-
-@dataclass
-class LoadCase(Case):
-    """Load a Hugging Face-layout state dict into a fresh reference Llama; the result is its logits."""
-
-    model_class: type = None  # the reference Llama (a dependency: it travels as its cell)
-    config: object = None
-    state_dict: dict = None
-    tokens: torch.Tensor = None
-    seed: int = 0
-
-    def run(self, function):
-        with torch.random.fork_rng():
-            torch.manual_seed(self.seed)  # the same starting weights for every loader
-            model = self.model_class(self.config)
-        function(model, {name: value.clone() for name, value in self.state_dict.items()})
-        model.eval()
-        with torch.no_grad():
-            return model(self.tokens)
 
 
 def load_cases(ref):
@@ -971,7 +864,7 @@ EXERCISES = {
         atol=1e-12,
         rtol=0.0,
         mistakes=MODEL_CONFIG_MISTAKES,
-        properties=(_is_dataclass,),
+        properties=(IS_DATACLASS,),
     ),
     "Llama": Exercise(
         "Llama",
@@ -980,7 +873,7 @@ EXERCISES = {
         rtol=1e-4,
         depends_on=("ModelConfig", "TransformerBlock", "RMSNorm"),
         mistakes=LLAMA_MISTAKES,
-        properties=(_layers_registered, _causal),
+        properties=(Property(LayersKept(_SMALL), _layers_reading), CAUSAL),
     ),
     "generate": Exercise(
         "generate",
@@ -989,7 +882,7 @@ EXERCISES = {
         rtol=0.0,
         depends_on=("softmax", "ModelConfig", "Llama"),
         mistakes=GENERATE_MISTAKES,
-        properties=(_reproducible,),
+        properties=(REPRODUCIBLE,),
     ),
     "load_hf_llama_state_dict": Exercise(
         "load_hf_llama_state_dict",

@@ -20,24 +20,20 @@ helpers make the forward pass fail, the reference ones stand in; when it
 still fails (and is not simply unimplemented), the class's methods are
 judged by their syntax tree instead: no loop statement or comprehension
 outside ``__init__``. Either way a mistake elsewhere costs only its own check.
+The counting is ``course_checks.probes.HeadLoop`` (it runs where the learner's code runs);
+what it saw is read here.
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
-import linecache
 import math
-import os
-import sys
-import sysconfig
-import textwrap
-from collections import Counter
 
 import torch
 
+from course_checks.probes import HeadLoop, ViewError
+
 from ..messages import tagged
-from .catalogue import Case, Exercise, Mistake, module_case
+from .catalogue import Case, Exercise, Mistake, Property, module_case
 
 ASSIGNMENT = "03_multi_head_attention"
 
@@ -56,11 +52,6 @@ def _random_mask(T: int, generator) -> torch.Tensor:
     mask[:, 0] = True
     mask[:, 1] = False
     return mask[:, torch.randperm(T, generator=generator)]
-
-
-def _is_view_error(error: BaseException) -> bool:
-    """True for torch's error when .view cannot merge the axes of a non-contiguous tensor."""
-    return isinstance(error, RuntimeError) and "view size is not compatible" in str(error)
 
 
 def _named(exercise: str, mistake: Mistake) -> str:
@@ -199,14 +190,18 @@ MERGE_HEADS_MISTAKES = [
 ]
 
 
-def _merge_view_property(merge_heads, ref):
-    """Name the .view-after-transpose error in the learner's terms."""
-    try:
-        merge_heads(torch.randn(2, 3, 5, 4, generator=_generator(7)))
-    except Exception as error:  # other errors are described by the comparison
-        if _is_view_error(error):
-            return _named("merge_heads", MERGE_VIEW)
-    return None
+def _view_reading(exercise: str, mistake: Mistake):
+    """Name the .view-after-transpose error in the learner's terms (what ``ViewError`` saw)."""
+
+    def reading(seen, probe, ref):
+        return _named(exercise, mistake) if seen == "view-error" else None
+
+    return reading
+
+
+MERGE_VIEW_PROPERTY = Property(
+    ViewError(args=(torch.randn(2, 3, 5, 4, generator=_generator(7)),)), _view_reading("merge_heads", MERGE_VIEW)
+)
 
 
 # ---------------------------------------------------------------- MultiHeadAttention
@@ -352,109 +347,16 @@ MULTI_HEAD_ATTENTION_MISTAKES = [
 ]
 
 
-def _mha_view_property(cls, ref):
-    try:
-        cls(8, 2)(torch.randn(2, 3, 8, generator=_generator(8)))
-    except Exception as error:  # other errors are described by the comparison
-        if _is_view_error(error):
-            return _named("MultiHeadAttention", MHA_VIEW)
-    return None
+MHA_VIEW_PROPERTY = Property(
+    ViewError(args=(torch.randn(2, 3, 8, generator=_generator(8)),), init_args=(8, 2)),
+    _view_reading("MultiHeadAttention", MHA_VIEW),
+)
 
 
 # ---------------------------------------------------------------- no loop over heads
 
 PROBE_WIDTH, PROBE_TOKENS, PROBE_HEADS = 16, 3, (2, 8)
 _GIVEN = ("softmax", "attention_weights", "attention", "split_heads", "merge_heads")
-
-
-def _library_folders() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    folders = {os.path.dirname(torch.__file__), paths["stdlib"], paths["purelib"], paths["platlib"]}
-    return tuple(os.path.realpath(folder) + os.sep for folder in folders)
-
-
-class _TracerRemoved(Exception):
-    pass
-
-
-def python_steps(cls, n_heads: int) -> Counter:
-    """{(file, line, function's qualified name): Python events} of one forward pass of ``cls(16, n_heads)``.
-
-    Every call, line and bytecode step of every Python frame counts, so a loop
-    of any kind adds steps each time round.
-    """
-    module = cls(PROBE_WIDTH, n_heads)
-    x = torch.randn(1, PROBE_TOKENS, PROBE_WIDTH, generator=_generator(9))
-    with torch.no_grad():
-        module(x)  # warm-up: first-call work (caches, lazy imports) is not counted
-    counts = Counter()
-
-    def trace(frame, event, arg):
-        code = frame.f_code
-        counts[code.co_filename, frame.f_lineno, code.co_qualname.replace(".<locals>", "")] += 1
-        if event == "call":
-            frame.f_trace_opcodes = True
-        return trace
-
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        with torch.no_grad():
-            module(x)
-    finally:
-        current = sys.gettrace()
-        sys.settrace(previous)
-    if current is not trace:
-        raise _TracerRemoved()
-    return counts
-
-
-def _steps_with_fallback(cls, ref):
-    """Counts for each probe head count; with the reference helpers (``ref``) if the learner's fail."""
-    from course_checks.checks import substitute
-
-    try:
-        return [python_steps(cls, h) for h in PROBE_HEADS]
-    except _TracerRemoved:
-        raise
-    except Exception as failure:
-        namespace = getattr(getattr(cls, "forward", None), "__globals__", None)
-        if not isinstance(namespace, dict):
-            raise
-        try:
-            given = {name: getattr(ref, name) for name in _GIVEN}
-        except AttributeError:  # no reference here: the learner's own failure stands
-            raise failure from None
-        restore = substitute(namespace, given)
-        try:
-            return [python_steps(cls, h) for h in PROBE_HEADS]
-        finally:
-            restore()
-
-
-def _loop_line(few: Counter, many: Counter, classes: set) -> str | None:
-    """The learner's line that ran more often with more heads, quoted.
-
-    Lines of the class's own methods come first, then other notebook code; the
-    earliest such line of a function is the loop's header (a body comes after it).
-    """
-    library = _library_folders()
-    found = []
-    for (filename, line, function), count in many.items():
-        if count <= few.get((filename, line, function), 0):
-            continue
-        if (
-            os.path.realpath(filename).startswith(library)
-            or "/autograder/" in filename
-            or "/course_checks/" in filename
-        ):
-            continue
-        found.append((function.split(".")[0] not in classes, filename, line, function))
-    if not found:
-        return None
-    _, filename, line, function = min(found)
-    text = linecache.getline(filename, line).strip()
-    return f"`{text}` (in `{function}`)" if text else f"line {line} of `{function}`"
 
 
 def _looping_forward(self, x, mask, ref):
@@ -472,70 +374,45 @@ HEAD_LOOP = Mistake(
 )
 
 
-_LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-
-
-def _static_loop_check(cls, error: Exception) -> str | None:
-    """When the forward pass cannot run: look for loops in the class's methods (``__init__`` aside).
-
-    A forward that fails (a .view error, say) loses the points of the exercise
-    it belongs to; here it passes unless its code holds a loop.
-    """
+def _head_loop_reading(seen, probe, ref) -> str | None:
+    """The message for what ``HeadLoop`` saw: None when one forward pass takes as many Python
+    steps with 8 heads as with 2."""
     name = "MultiHeadAttention"
-    raised = f"{type(error).__name__}: {error}"
-    loops = []  # (not about heads, line number, where, line)
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] == "torch" or klass is object:
-            continue
-        for method, function in vars(klass).items():
-            if method == "__init__" or not inspect.isfunction(function):
-                continue
-            try:
-                source = textwrap.dedent(inspect.getsource(function))
-                tree = ast.parse(source)
-            except (OSError, TypeError, SyntaxError):
-                return f"`{name}` raised {raised}; this check needs a forward pass that runs."
-            for node in ast.walk(tree):
-                if isinstance(node, _LOOPS):
-                    iterables = (
-                        [node.iter] if hasattr(node, "iter") else [g.iter for g in getattr(node, "generators", [])]
-                    )
-                    text = " ".join(ast.unparse(i) for i in iterables).lower()
-                    about_heads = "head" in text or text.startswith("range(")
-                    line = source.splitlines()[node.lineno - 1].strip()
-                    loops.append((not about_heads, node.lineno, f"{klass.__name__}.{method}", line))
-    if not loops:
-        return None
-    _, _, where, line = min(loops)
-    return tagged(
-        f"`{name}`: {HEAD_LOOP.name}? Your forward pass raised {raised}, so its steps could not be "
-        f"counted, and `{where}` holds a loop: `{line}`. {HEAD_LOOP.hint}",
-        HEAD_LOOP.id,
-    )
-
-
-def no_head_loop_property(cls, ref):
-    """None when one forward pass takes as many Python steps with 8 heads as with 2."""
-    name = "MultiHeadAttention"
-    try:
-        few, many = _steps_with_fallback(cls, ref)
-    except NotImplementedError:
-        raise  # the stub: the check helper says "not implemented yet" (and self-study "not tried")
-    except _TracerRemoved:
+    if not isinstance(seen, dict):
+        return f"`{name}`: the check of its forward pass did not report what it saw."
+    if seen.get("tracer_removed"):
         return f"`{name}`: the forward pass switched off the step counter (sys.settrace), so it cannot be checked."
-    except Exception as error:  # judged by the syntax tree instead
-        return _static_loop_check(cls, error)
-    steps_few, steps_many = sum(few.values()), sum(many.values())
+    if "raised" in seen:  # no forward pass could run: judged by the syntax tree
+        raised = str(seen["raised"])[:2000]
+        if seen.get("unreadable"):
+            return f"`{name}` raised {raised}; this check needs a forward pass that runs."
+        loop = seen.get("loop")
+        if not loop:
+            return None
+        where, line = (str(part)[:500] for part in loop)
+        return tagged(
+            f"`{name}`: {HEAD_LOOP.name}? Your forward pass raised {raised}, so its steps could not be "
+            f"counted, and `{where}` holds a loop: `{line}`. {HEAD_LOOP.hint}",
+            HEAD_LOOP.id,
+        )
+    steps = seen.get("steps")
+    if not (isinstance(steps, list) and len(steps) == 2 and all(isinstance(n, int) for n in steps)):
+        return f"`{name}`: the check of its forward pass did not report what it saw."
+    steps_few, steps_many = steps
     if steps_many <= steps_few:
         return None
-    classes = {klass.__name__ for klass in cls.__mro__ if klass.__module__.split(".")[0] != "torch"}
-    where = _loop_line(few, many, classes)
-    located = f"; this line ran more often: {where}" if where else ""
+    where = seen.get("where")
+    located = f"; this line ran more often: {str(where)[:500]}" if where else ""
     return tagged(
         f"`{name}`: {HEAD_LOOP.name}. One forward pass takes {steps_few} Python steps with "
         f"{PROBE_HEADS[0]} heads and {steps_many} with {PROBE_HEADS[1]}{located}. {HEAD_LOOP.hint}",
         HEAD_LOOP.id,
     )
+
+
+NO_HEAD_LOOP_PROPERTY = Property(
+    HeadLoop(width=PROBE_WIDTH, tokens=PROBE_TOKENS, heads=PROBE_HEADS, fallback=_GIVEN), _head_loop_reading
+)
 
 
 def _no_cases(ref):
@@ -553,7 +430,7 @@ EXERCISES = {
         rtol=0.0,
         depends_on=("split_heads",),
         mistakes=MERGE_HEADS_MISTAKES,
-        properties=(_merge_view_property,),
+        properties=(MERGE_VIEW_PROPERTY,),
     ),
     "MultiHeadAttention": Exercise(
         "MultiHeadAttention",
@@ -562,7 +439,7 @@ EXERCISES = {
         rtol=1e-5,
         depends_on=("softmax", "attention_weights", "attention", "split_heads", "merge_heads"),
         mistakes=MULTI_HEAD_ATTENTION_MISTAKES,
-        properties=(_mha_view_property,),
+        properties=(MHA_VIEW_PROPERTY,),
     ),
     # Its own check cell and points: judges the forward pass as the learner wrote
     # it (with their split_heads and merge_heads), not its numbers.
@@ -571,7 +448,7 @@ EXERCISES = {
         _no_cases,
         target="MultiHeadAttention",
         mistakes=(HEAD_LOOP,),
-        properties=(no_head_loop_property,),
+        properties=(NO_HEAD_LOOP_PROPERTY,),
         reference_uses=_GIVEN,
     ),
 }

@@ -2,30 +2,40 @@
 
 A grading worker keeps one ``Judge`` per assignment: the reference module,
 built from the reference cells the grader handed in (``reference.from_cells``),
-the seeded cases of each exercise, the reference's outputs on them and the
-mistakes' outputs, all computed once and reused for every notebook.
+the seeded cases and probes of each exercise, the reference's outputs on them
+and the mistakes' outputs, all computed once and reused for every notebook.
 
 While one notebook runs, a ``VerdictServer`` listens on the Unix socket its
-kernel's ``check`` talks to (``verdict.Link``). It answers ``begin`` with what the
-check observes with (``course_checks.cases.Shipment``: the learner's object to
-run, the cases, the properties) and with the reference cells the check may see
-(those of the exercise's dependencies, once their own checks have run in this
-kernel), compares the
-outputs of ``result`` with the reference, and records one verdict per check.
+kernel's ``check`` talks to (``course_checks.verdict.Link``). It answers ``begin``
+with what the check observes with (``Judge.shipment``: the learner's object to
+run, the cases and the probes, the notebook's set-up cells, and descriptions of
+the substitutes for the reference's answers), compares the outputs of ``result``
+with the reference, and records one verdict per check. No reference answer goes
+into the kernel: the cases and probes carry the reference's objects as
+descriptions (``referee.ReferenceCodec``), which become substitutes there, and
+the substitutes' calls come back here and are answered by the worker's
+``referee.Referee`` (the reference computed in a bounded process of its own).
+
 It accepts a check only while the grade cell that holds it runs, the first
 time: student code cannot replay a check with other functions, in another
-cell, or after the fact.
+cell, or after the fact; a check that a fresh kernel runs again (the notebook
+replayed after a crash) keeps the verdict it had the first time. It answers a
+substitute only while the check that handed it over runs, in its own cell, and
+only for an exercise whose own check has finished.
 """
 
 from __future__ import annotations
 
 import ast
-import base64
+import hashlib
 import io
+import json
 import os
 import pickle
+import secrets
 import socketserver
 import threading
+import types
 from dataclasses import dataclass, field
 
 from course_checks import verdict
@@ -33,6 +43,7 @@ from course_checks import verdict
 from .. import compare, messages, reference
 from ..exercises import module_for
 from ..messages import mistake_of
+from .referee import ReferenceCodec, describe_answer
 
 
 @dataclass
@@ -69,13 +80,6 @@ def _defined_names(source: str) -> set[str]:
     return names
 
 
-def _used_names(source: str) -> set[str]:
-    try:
-        return {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
-    except SyntaxError:
-        return set()
-
-
 class Judge:
     """The reference side of one assignment's checks, kept for a worker's lifetime."""
 
@@ -86,11 +90,17 @@ class Judge:
         self.exercises = module_for(assignment).EXERCISES
         self.setup_ids = {gid for gid, _ in self.cells if gid.startswith("setup")}
         self.defines = {gid: _defined_names(source) for gid, source in self.cells}
-        self.uses = {gid: _used_names(source) for gid, source in self.cells}
+        # the names the answer cells define: never in a kernel, only substitutes for them
+        self.answers = frozenset(
+            name for gid, names in self.defines.items() if gid not in self.setup_ids for name in names
+        )
+        self.key = f"{assignment}-" + hashlib.sha256(json.dumps(self.cells).encode()).hexdigest()[:16]
         self._cases: dict[str, list] = {}
+        self._probes: dict[str, list] = {}
         self._shipped: dict[str, tuple[str, str, set]] = {}
         self._expected: dict[str, list] = {}
         self._predicted: dict = {}
+        self._described: dict | None = None
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------ cases
@@ -99,82 +109,87 @@ class Judge:
             self._cases[name] = list(self.exercises[name].cases(self.ref))
         return self._cases[name]
 
-    def _pickled(self, objects) -> tuple[str, set[str]]:
-        """``objects`` pickled for the sandbox, and the names of the reference objects they carry."""
-        module_name = self.ref.__name__
-        used: set[str] = set()
+    def probes(self, name: str) -> list:
+        if name not in self._probes:
+            self._probes[name] = [prop.made(self.ref) for prop in self.exercises[name].properties]
+        return self._probes[name]
 
-        class Recorder(pickle.Pickler):
-            def reducer_override(self, obj):
-                if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__"):
-                    if getattr(obj, "__module__", None) == module_name:
-                        used.add(obj.__qualname__.split(".")[0])
-                return NotImplemented
+    def _pickled(self, objects) -> tuple[str, set[str]]:
+        """``objects`` pickled for the sandbox, and the answers of the reference they carry, by name.
+
+        Every object of the reference module in them (a class, a model, a config) is pickled as
+        its description (``ReferenceCodec``): the kernel makes a substitute of it, or, for the
+        set-up code's, an object of the set-up code it runs itself. No reference code goes in.
+        """
+        codec = ReferenceCodec(self.ref, self.answers)
+        module_name = self.ref.__name__
+
+        class Describing(pickle.Pickler):
+            def persistent_id(self, obj):
+                if isinstance(obj, (type, types.FunctionType)):
+                    return verdict.encode(obj, codec=codec) if codec.classify(obj) else None
+                if type(obj).__module__ == module_name:
+                    described = verdict.encode(obj, codec=codec)
+                    if "object" in described:
+                        raise TypeError(f"a {type(obj).__name__} of the reference cannot go into a kernel")
+                    return described
+                return None
 
         buffer = io.BytesIO()
-        Recorder(buffer, protocol=4).dump(objects)
-        return base64.b64encode(buffer.getvalue()).decode("ascii"), used
+        Describing(buffer, protocol=4).dump(objects)
+        used = {ref.partition(":")[2] for ref in codec.used if ref.startswith("answer:")}
+        return verdict.b64encode(buffer.getvalue()), used
 
     def _pickle_cases(self, name: str) -> tuple[str, str, set[str]]:
-        """The cases and the properties as shipped, and the reference objects they carry, by name."""
+        """The cases and the probes as shipped, and the answers of the reference they carry, by name."""
         if name not in self._shipped:
             cases, used = self._pickled(self.cases(name))
-            properties, used_too = self._pickled(list(self.exercises[name].properties))
-            self._shipped[name] = (cases, properties, used | used_too)
+            probes, used_too = self._pickled(self.probes(name))
+            self._shipped[name] = (cases, probes, used | used_too)
         return self._shipped[name]
 
-    def _cells_for(self, names: set[str]) -> list[str]:
-        """Grade ids of the reference cells defining ``names`` and what they use, in order."""
-        wanted = set(self.setup_ids)
-        frontier = set(names)
-        seen: set[str] = set()
-        while frontier:
-            name = frontier.pop()
-            seen.add(name)
-            for gid, defined in self.defines.items():
-                if name in defined and gid not in wanted:
-                    wanted.add(gid)
-                    frontier |= {
-                        n
-                        for n in self.uses[gid]
-                        if n not in seen and any(n in d for g, d in self.defines.items() if g != gid)
-                    }
-        return [gid for gid, _ in self.cells if gid in wanted]
+    def described(self) -> dict:
+        """What a kernel needs to know of each answer to make its substitute (no code: kinds, names)."""
+        if self._described is None:
+            self._described = {
+                name: describe_answer(getattr(self.ref, name))
+                for name in sorted(self.answers)
+                if isinstance(getattr(self.ref, name, None), (type, types.FunctionType))
+            }
+        return self._described
 
     def shipment(self, name: str, checked: set[str], graded: set[str]) -> dict:
-        """What ``begin`` answers: the cases, and the reference cells the check may see.
+        """What ``begin`` answers: the cases, the probes, the set-up cells and the substitutes' descriptions.
 
         ``checked``: exercises whose checks already ran in this kernel;
-        ``graded``: exercises this notebook has a check for. A dependency that is
-        itself graded here is revealed only once its own check has run.
+        ``graded``: exercises this notebook has a check for. An answer the check needs (a
+        dependency, or one its cases carry) is handed over, as a substitute, only once its own
+        check has run; the check's own exercise never. ``grant`` (kept by the server, not sent)
+        lists the answers whose substitutes this check may call.
         """
         exercise = self.exercises[name]
-        own = {name, exercise.target or name}  # what this check grades: its reference stays here
-        cases, properties, used = self._pickle_cases(name)
-        needed = set(exercise.depends_on) | set(exercise.reference_uses) | used
-        cell_ids = self._cells_for(needed) if needed else []
-        for gid in cell_ids:
-            if gid in self.setup_ids:
-                continue
-            revealed = self.defines[gid] & (graded | own)
-            if revealed & own:
-                return {
-                    "message": f"`{name}` cannot be checked in the sandbox: its cases carry its "
-                    "own reference (a grader bug; please tell the instructor)."
-                }
-            early = sorted(revealed - checked)
-            if early:
-                return {
-                    "message": f"`{name}` is checked before `{early[0]}`, which it builds on: "
-                    "keep the notebook's cells in their original order."
-                }
-        source = dict(self.cells)
+        own = {name, exercise.target or name}  # what this check grades: never handed over
+        cases, probes, used = self._pickle_cases(name)
+        needed = (set(exercise.depends_on) | set(exercise.reference_uses) | used) & self.answers
+        if needed & own:
+            return {
+                "message": f"`{name}` cannot be checked in the sandbox: its cases carry its "
+                "own reference (a grader bug; please tell the instructor)."
+            }
+        early = sorted((needed & graded) - checked)
+        if early:
+            return {
+                "message": f"`{name}` is checked before `{early[0]}`, which it builds on: "
+                "keep the notebook's cells in their original order."
+            }
         return {
-            "cells": [(gid, source[gid]) for gid in cell_ids],
+            "setup": [(gid, source) for gid, source in self.cells if gid in self.setup_ids],
+            "answers": {key: value for key, value in self.described().items() if key not in own},
             "target": exercise.target or name,
             "depends_on": list(exercise.depends_on),
-            "properties": properties,
+            "probes": probes,
             "cases": cases,
+            "grant": sorted(needed),
         }
 
     def mistake_name(self, name: str, mistake_id: str | None) -> str | None:
@@ -208,17 +223,28 @@ class Judge:
 
         return predict
 
-    def verdict(self, name: str, problem, outputs, tampered) -> str | None:
+    def verdict(self, name: str, problem, outputs, tampered, observations=()) -> str | None:
         """The learner-facing message for this check, or None when it passed."""
         if tampered:
             return messages.tampering_message([str(t) for t in tampered])
         exercise = self.exercises[name]
         target = exercise.target or name  # the learner's object the messages are about
+        probes = self.probes(name)
+        try:
+            budget = [verdict.MAX_ITEMS]  # shared by everything one check reports
+            seen = [verdict.decode(item, budget=budget) for item in list(observations)[: len(probes)]]
+        except (verdict.ProtocolError, ValueError, TypeError) as error:
+            return f"`{target}`: what its check saw could not be read ({error})."
+        if len(seen) < len(probes) and not problem:
+            return f"`{target}`: the check did not report what it saw of the whole `{target}`."
+        with self.lock:
+            found = compare.property_problem(exercise, probes, seen, self.ref)
+        if found:
+            return messages.finish(target, found)
         if problem:
             return messages.finish(target, str(problem)[:4000])
         cases = self.cases(name)
         try:
-            budget = [verdict.MAX_ITEMS]  # shared by all the outputs of one check
             values = [verdict.decode(output, budget=budget) for output in outputs[: len(cases) + 1]]
         except (verdict.ProtocolError, ValueError, TypeError) as error:
             return f"`{target}`: its outputs could not be checked ({error})."
@@ -235,12 +261,18 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self):
         server: VerdictServer = self.server.verdicts  # type: ignore[attr-defined]
         try:
-            request = verdict.read_line(self.rfile)
-            reply = server.answer(request)
+            line = self.rfile.readline(verdict.MAX_MESSAGE + 1)
+            if not line:
+                return
+            reply = server.answer(verdict.parse_line(line), line)
         except Exception as error:  # a hostile or broken kernel: answer, never crash
             reply = {"message": f"The hidden checks could not run ({type(error).__name__})."}
         try:
-            verdict.write_line(self.wfile, reply)
+            if isinstance(reply, bytes):  # the referee's answer, as it wrote it
+                self.wfile.write(reply + b"\n")
+                self.wfile.flush()
+            else:
+                verdict.write_line(self.wfile, reply)
         except OSError:
             pass
 
@@ -249,17 +281,37 @@ class _UnixServer(socketserver.UnixStreamServer):
     """One request at a time: a notebook flooding the socket cannot spawn threads here."""
 
 
-class VerdictServer:
-    """Answers one notebook's checks; ``cell`` is the grade cell running now (set by the executor)."""
+PROXY_OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
 
-    def __init__(self, path: str, judges: dict[str, Judge], expected: dict[str, list[tuple[str, str]]]):
+
+class VerdictServer:
+    """Answers one notebook's checks; ``cell`` is the grade cell running now (set by the executor).
+
+    ``referee`` answers the substitutes' calls (``referee.Referee``), each within ``seconds``.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        judges: dict[str, Judge],
+        expected: dict[str, list[tuple[str, str]]],
+        referee=None,
+        seconds: float = 30.0,
+    ):
         self.path = path
         self.judges = judges
         self.expected = expected  # grade cell id -> [(assignment, exercise)]
         self.graded = {name for calls in expected.values() for _, name in calls}
+        self.referee = referee
+        self.seconds = seconds
+        self.session = secrets.token_hex(8)  # the referee's name for what it holds for this notebook
         self.cell: str | None = None
         self.verdicts: dict[str, list[Verdict]] = {}
         self.checked: set[str] = set()
+        self.done: set[str] = set()  # exercises whose checks finished in this kernel
+        self.grants: dict[tuple[str, str], set[str]] = {}  # (cell, check) -> answers its substitutes may call
+        self.first: dict[tuple[str, str], str | None] = {}  # (cell, check) -> the message it got first
+        self.asked = False  # the referee answered something in this cell
         self.lock = threading.Lock()
         if os.path.exists(path):
             os.unlink(path)
@@ -276,6 +328,7 @@ class VerdictServer:
             os.unlink(self.path)
         except OSError:
             pass
+        self._let_go()
 
     # ------------------------------------------------------------ kernel lifecycle
     def new_kernel(self, skipped_cells=()) -> None:
@@ -283,10 +336,13 @@ class VerdictServer:
 
         The checks of ``skipped_cells`` (grade cells left out after they hung or
         killed the kernel) count as run, so the exercises after them still get
-        their dependencies.
+        their dependencies. A check that ran to its verdict in an earlier kernel
+        keeps that verdict (``first``): a replay cannot improve on it.
         """
         with self.lock:
             self.checked = {name for cell in skipped_cells for _, name in self.expected.get(cell, [])}
+            self.done = set(self.checked)
+            self.grants = {}
             self.cell = None
 
     def start_cell(self, grade_id: str | None) -> None:
@@ -298,6 +354,16 @@ class VerdictServer:
     def end_cell(self) -> None:
         with self.lock:
             self.cell = None
+            self.grants = {}
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """The substitutes' calls of the cell that ended: one still running is stopped, and what
+        the referee held for them let go."""
+        if self.referee is not None and self.asked:
+            self.referee.abort()
+            self.referee.forget(self.session)
+            self.asked = False
 
     # ------------------------------------------------------------ requests
     def _slot(self, request: dict) -> tuple[str, Verdict | None, str | None]:
@@ -315,8 +381,18 @@ class VerdictServer:
             )
         return cell, next((v for v in self.verdicts[cell] if v.exercise == name), None), None
 
-    def answer(self, request: dict) -> dict:
+    def _finish(self, cell: str, record: Verdict, message: str | None) -> str | None:
+        """Record ``message`` as ``record``'s verdict, unless its check had one in an earlier kernel."""
+        key = (cell, record.exercise)
+        message = self.first.setdefault(key, message)
+        record.finished, record.message = True, message
+        self.done.add(record.exercise)
+        return message
+
+    def answer(self, request: dict, line: bytes = b"") -> dict | bytes:
         op = request.get("op")
+        if op in PROXY_OPS:
+            return self._substitute(request, line)
         assignment, name = str(request.get("assignment")), str(request.get("name"))
         tampered = (
             [str(t)[:200] for t in request.get("tampered", [])][:50]
@@ -334,16 +410,16 @@ class VerdictServer:
                 record = Verdict(assignment, name, tampered=tampered)
                 self.verdicts[cell].append(record)
                 checked = set(self.checked)
-                self.checked.add(name)  # from now on its dependants may see its reference
+                self.checked.add(name)  # from now on its dependants may be checked
                 if tampered:
-                    record.finished, record.message = True, messages.tampering_message(tampered)
-                    return {"message": record.message}
+                    return {"message": self._finish(cell, record, messages.tampering_message(tampered))}
         judge = self.judges[assignment]
         if op == "begin":
             reply = judge.shipment(name, checked, self.graded)
-            if "message" in reply:
-                with self.lock:
-                    record.finished, record.message = True, reply["message"]
+            with self.lock:
+                if "message" in reply:
+                    return {"message": self._finish(cell, record, reply["message"])}
+                self.grants[(cell, name)] = set(reply.pop("grant", ()))
             return reply
         if op in ("result", "missing"):
             if record is None and op == "missing":
@@ -352,16 +428,41 @@ class VerdictServer:
                     self.verdicts[cell].append(record)
             if record is None or record.finished:
                 return {"message": "This check already ran in this cell; it counts once."}
-            outputs = request.get("outputs", [])
-            message = judge.verdict(
-                name, request.get("problem"), outputs if isinstance(outputs, list) else [], tampered
-            )
+            if (cell, name) in self.first:  # run again by a fresh kernel: its first verdict stands
+                message = self.first[(cell, name)]
+            else:
+                outputs, observations = request.get("outputs", []), request.get("observations", [])
+                message = judge.verdict(
+                    name,
+                    request.get("problem"),
+                    outputs if isinstance(outputs, list) else [],
+                    tampered,
+                    observations if isinstance(observations, list) else [],
+                )
             with self.lock:
-                record.finished, record.message = True, message
+                message = self._finish(cell, record, message)
                 record.tampered = record.tampered or tampered
-                self.checked.add(name)
             return {"message": message}
         return {"message": "Unknown request."}
+
+    def _substitute(self, request: dict, line: bytes) -> dict | bytes:
+        """A substitute's call, answered by the referee when the check that handed it over runs now."""
+        name, target = str(request.get("name")), str(request.get("target"))
+        with self.lock:
+            cell, record, refusal = self._slot(request)
+            if refusal:
+                return {
+                    "refused": f"`{target}` stands for the reference only while the check that handed it "
+                    "over runs, in its own test cell."
+                }
+            if target not in self.grants.get((cell, name), ()):
+                return {"refused": f"`{target}` is not part of the check of `{name}`."}
+            if target in self.graded and target not in self.done:
+                return {"refused": f"`{target}` stands for the reference only once its own check has run."}
+            self.asked = True
+        if self.referee is None:
+            return {"refused": "The reference cannot be reached here."}
+        return self.referee.ask(self.judges[str(request.get("assignment"))], self.session, line, self.seconds)
 
     def cell_verdicts(self, grade_id: str) -> list[Verdict]:
         with self.lock:

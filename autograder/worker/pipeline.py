@@ -28,7 +28,7 @@ from nbgrader.preprocessors import IgnorePattern, LimitOutput
 from ..flags import CELL_EDITED, NOT_GRADED, OUTPUT_TRUNCATED, fault
 from ..records import Job, Rejected, Result
 from ..sandboxing.bubblewrap import WarmSandbox, kernel_environment
-from . import judge, tamper
+from . import judge, referee, tamper
 from .execute import ContainedExecute
 from .feedback import FeedbackPages
 from .read import read_submission, rejected_notebook
@@ -99,10 +99,14 @@ def execute(g: Grading) -> None:
     """Cell by cell in the sandbox, the verdict server answering the checks."""
     spec, sandbox = g.job.spec, g.sandbox
     key = (spec.assignment, spec.fingerprint)
+    answers = referee.for_slot(sandbox.slot, g.job.limits.memory_mb)
+    answers.start()  # the reference's own process: it warms up while the kernel starts
     if key not in g.judges:
         g.judges[key] = judge.Judge(spec.assignment, spec.reference_cells)
     socket_path = str(sandbox.run_dir / "verdicts.sock")
-    g.server = judge.VerdictServer(socket_path, {spec.assignment: g.judges[key]}, spec.expected)
+    g.server = judge.VerdictServer(
+        socket_path, {spec.assignment: g.judges[key]}, spec.expected, answers, g.job.limits.cell_seconds
+    )
     executor = ContainedExecute(
         sandbox,
         g.job.limits,

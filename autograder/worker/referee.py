@@ -1,0 +1,506 @@
+"""Where the reference answers for the substitutes of a sandboxed kernel: a process of the worker's own.
+
+Under ``./course grade`` no reference answer enters the learner's kernel: while a check runs,
+the exercises it builds on are substitutes there (``course_checks.proxies``), and each of their
+calls (a function's arguments, a module's weights and inputs, a method of an object held here)
+comes out over the verdict socket. The worker's ``judge.VerdictServer`` accepts it only while
+the check that handed the substitute over runs, and passes it on, as it came, to the
+``Referee``: a process of its own beside the worker, which holds the reference modules
+(built from the same reference cells as the judge's), decodes the request (bounded, as any
+data from a kernel), computes the reference's answer and encodes it back as data.
+
+The inputs are the kernel's choice, so the computing happens where it can be bounded: in this
+process, whose address space is limited (a request that would take more memory fails with an
+error, not the worker), and which the worker kills when a request outlasts its time (the cell's
+limit) or when the cell ends while one is still running; the next request starts it again.
+Objects the reference makes for a kernel (a cache) are held here, per notebook, until the cell
+ends. Answers are computed with one thread, as in the kernel, so they agree bit for bit with
+what the reference would have given there.
+
+``ReferenceCodec`` is the reference side's vocabulary on the wire (``course_checks.verdict.Codec``):
+the judge pickles its cases with it (``Judge.shipment``), the referee reads and answers
+requests with it.
+
+Run as ``python -m autograder.worker.referee CONFIG_JSON``; it reads requests on stdin and
+answers on stdout, one JSON line each, until stdin closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+import types
+
+from course_checks import verdict
+
+OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
+_DUNDERS = ("__len__", "__getitem__", "__setitem__", "__contains__", "__call__")
+MAX_HOOK_CALLS = 1000
+MAX_OBJECTS = 10_000  # objects held for one notebook
+
+
+# ---------------------------------------------------------------- the reference's vocabulary
+
+
+def answer_names(ref, answers) -> dict:
+    """{id(object): "answer:name" or "setup:name"} of the classes and functions the reference
+    cells define (``answers``: the names the answer cells define)."""
+    refs = {}
+    for name, value in vars(ref).items():
+        if name.startswith("_") or not isinstance(value, (type, types.FunctionType)):
+            continue
+        if getattr(value, "__module__", None) != ref.__name__:
+            continue  # imported by a cell (torch's, dataclasses'), not defined by one
+        refs[id(value)] = f"{'answer' if name in answers else 'setup'}:{name}"
+    return refs
+
+
+class Session:
+    """The objects the reference made for one notebook's kernel, by handle."""
+
+    def __init__(self):
+        self.objects: dict[int, object] = {}
+        self.next = 1
+
+
+class ReferenceCodec(verdict.Codec):
+    """The reference's side of ``verdict.Codec``: names are the reference module's own classes and
+    functions; an object of an answer class that is neither a module nor a dataclass stays here
+    (in ``session``) and crosses as a handle. ``used`` collects the names met on the way."""
+
+    def __init__(self, ref, answers, session: Session | None = None):
+        super().__init__()
+        self.ref = ref
+        self.answers = frozenset(answers)
+        self.session = session
+        self.refs = answer_names(ref, self.answers)
+        self.used: set[str] = set()
+
+    def classify(self, obj):
+        found = self.refs.get(id(obj)) if isinstance(obj, (type, types.FunctionType)) else None
+        if found:
+            self.used.add(found)
+        return found
+
+    def resolve(self, ref: str):
+        from torch import nn
+
+        kind, _, name = ref.partition(":")
+        if kind in ("answer", "setup"):
+            value = vars(self.ref).get(name)
+            return value if value is not None and self.refs.get(id(value)) == ref else None
+        if kind == "torch":
+            cls = getattr(nn, name, None)
+            return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
+        return None
+
+    def held(self, obj) -> bool:
+        """Whether ``obj`` is an object of an answer class that lives on this side (not data)."""
+        import dataclasses
+
+        from torch import nn
+
+        ref = self.refs.get(id(type(obj)))
+        return bool(ref and ref.startswith("answer:")) and not (
+            isinstance(obj, nn.Module) or dataclasses.is_dataclass(obj)
+        )
+
+    def remote_handle(self, obj):
+        if not self.held(obj):
+            return None
+        if self.session is None:
+            raise verdict.ProtocolError(f"a {type(obj).__name__} cannot be handed to a kernel")
+        session = self.session
+        handle = next((h for h, held in session.objects.items() if held is obj), None)
+        if handle is None:
+            if len(session.objects) >= MAX_OBJECTS:
+                raise verdict.ProtocolError("too many objects held for this notebook")
+            handle, session.next = session.next, session.next + 1
+            session.objects[handle] = obj
+        self.used.add(self.refs[id(type(obj))])
+        attributes = sorted(name for name in vars(obj) if not name.startswith("_")) if hasattr(obj, "__dict__") else []
+        return {"remote": handle, "class": self.refs[id(type(obj))], "attributes": attributes}
+
+    def remote_object(self, data: dict):
+        handle = data.get("remote")
+        obj = self.session.objects.get(handle) if self.session is not None and isinstance(handle, int) else None
+        if obj is None or self.refs.get(id(type(obj))) != data.get("class"):
+            raise verdict.ProtocolError("an object this notebook does not hold")
+        return obj
+
+
+def describe_answer(value) -> dict:
+    """What a kernel needs to make the substitute for an answer class or function: its kind, and
+    the names of its methods and properties (a dataclass: its fields and their defaults). No code."""
+    import dataclasses
+
+    from torch import nn
+
+    if not isinstance(value, type):
+        return {"kind": "function"}
+    methods, properties = [], []
+    for klass in value.__mro__:
+        if klass in (object, nn.Module) or klass.__module__.split(".")[0] == "torch":
+            continue
+        for name, member in vars(klass).items():
+            if name in methods or any(name == p for p, _ in properties):
+                continue
+            if isinstance(member, property):
+                if not name.startswith("_"):
+                    properties.append([name, member.fset is not None])
+            elif isinstance(member, (types.FunctionType, staticmethod, classmethod)):
+                if (not name.startswith("_") or name in _DUNDERS) and name not in ("forward",):
+                    methods.append(name)
+    if issubclass(value, nn.Module):
+        return {"kind": "module", "methods": methods, "properties": properties}
+    if dataclasses.is_dataclass(value):
+        fields = []
+        for field in dataclasses.fields(value):
+            if field.default is not dataclasses.MISSING:
+                fields.append([field.name, True, verdict.encode(field.default)])
+            elif field.default_factory is not dataclasses.MISSING:
+                fields.append([field.name, True, verdict.encode(field.default_factory())])
+            else:
+                fields.append([field.name, False, None])
+        return {
+            "kind": "dataclass",
+            "fields": fields,
+            "frozen": bool(value.__dataclass_params__.frozen),
+            "post_init": hasattr(value, "__post_init__"),
+            "methods": [m for m in methods if m != "__post_init__"],
+            "properties": properties,
+        }
+    return {"kind": "class", "methods": methods, "properties": properties}
+
+
+# ---------------------------------------------------------------- the process: answering requests
+
+
+class Oracle:
+    """The referee process's state: the reference modules, and the objects held for each notebook."""
+
+    def __init__(self):
+        self.refs: dict[str, tuple] = {}  # key -> (module, answer names)
+        self.sessions: dict[str, Session] = {}
+
+    def load(self, key: str, assignment: str, cells, answers) -> None:
+        from autograder import reference
+
+        if key not in self.refs:
+            self.refs[key] = (reference.from_cells(assignment, cells), frozenset(answers))
+
+    def forget(self, session: str) -> None:
+        self.sessions.pop(session, None)
+
+    def answer(self, key: str, session_id: str, line: bytes) -> dict:
+        try:
+            return self._answer(key, session_id, line)
+        except verdict.ProtocolError as error:
+            return {"error": {"type": "ValueError", "message": f"the grader could not read this call: {error}"}}
+        except RecursionError:
+            return {"error": {"type": "RecursionError", "message": "nested too deeply"}}
+        except MemoryError:
+            return {"error": {"type": "MemoryError", "message": "the reference needed more memory than it may use"}}
+        except Exception as error:  # the reference's own error on these inputs: the learner's code sees it
+            return {"error": {"type": type(error).__name__, "message": str(error)[:4000]}}
+
+    def _answer(self, key: str, session_id: str, line: bytes) -> dict:
+        import dataclasses
+
+        import torch
+        from torch import nn
+
+        request = verdict.parse_line(line)
+        ref, answers = self.refs[key]
+        op, target = request.get("op"), request.get("target")
+        if op not in OPS or target not in answers:
+            raise verdict.ProtocolError("not a call the grader answers")
+        session = self.sessions.setdefault(session_id, Session())
+        codec = ReferenceCodec(ref, answers, session)
+        value = getattr(ref, target)
+        budget = [verdict.MAX_ITEMS]
+        this = verdict.decode(request["self"], 0, budget, codec) if "self" in request else None
+        args = verdict.decode(request.get("args", {"sequence": "list", "items": []}), 0, budget, codec)
+        kwargs = verdict.decode(request.get("kwargs", {"dict": []}), 0, budget, codec)
+        if not isinstance(args, list) or not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+            raise verdict.ProtocolError("malformed arguments")
+        calls: list = []
+        handles = []
+        for index, module in enumerate(codec.hooked):
+            handles.append(module.register_forward_hook(_recorder(calls, index)))
+        reply: dict = {}
+        try:
+            with torch.no_grad():
+                if op == "call":
+                    if not isinstance(value, types.FunctionType):
+                        raise verdict.ProtocolError("not a function")
+                    result = value(*args, **kwargs)
+                elif op == "forward":
+                    if not (isinstance(value, type) and issubclass(value, nn.Module) and type(this) is value):
+                        raise verdict.ProtocolError("not a module of this class")
+                    result = this(*args, **kwargs)
+                elif op == "construct":
+                    if not isinstance(value, type):
+                        raise verdict.ProtocolError("not a class")
+                    state = request.get("rng")
+                    with torch.random.fork_rng(devices=[]):
+                        if isinstance(state, str):
+                            torch.set_rng_state(
+                                torch.frombuffer(bytearray(verdict.b64decode(state)), dtype=torch.uint8)
+                            )
+                        made = value(*args, **kwargs)
+                        if isinstance(state, str):
+                            reply["rng"] = verdict.b64encode(torch.get_rng_state().numpy().tobytes())
+                    result = dict(vars(made)) if dataclasses.is_dataclass(made) else made
+                else:
+                    if type(this) is not value:
+                        raise verdict.ProtocolError("not an object of this class")
+                    name = request.get("method") if op == "method" else request.get("attribute")
+                    public = isinstance(name, str) and name.isidentifier() and not name.startswith("_")
+                    if op == "method" and (public or name in _DUNDERS):
+                        result = getattr(this, name)(*args, **kwargs)
+                    elif op == "getattr" and public:
+                        result = getattr(this, name)
+                    elif op == "setattr" and public and codec.held(this) and len(args) == 1:
+                        setattr(this, name, args[0])
+                        result = None
+                    else:
+                        raise verdict.ProtocolError("not an attribute the grader answers")
+        finally:
+            for handle in handles:
+                handle.remove()
+        reply["value"] = verdict.encode(result, 0, [verdict.MAX_ITEMS], codec)
+        if calls:
+            reply["calls"] = calls[:MAX_HOOK_CALLS]
+        return reply
+
+
+def _recorder(calls: list, index: int):
+    def record(module, inputs, output):
+        if len(calls) < MAX_HOOK_CALLS:
+            calls.append([index, verdict.encode(list(inputs)), verdict.encode(output)])
+
+    return record
+
+
+def _limit_memory(megabytes: int) -> None:
+    """This process may take ``megabytes`` more address space than it has now (torch and the
+    reference loaded): a request that needs more fails with MemoryError."""
+    import resource
+
+    try:
+        with open("/proc/self/status") as status:
+            size_kb = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    limit = size_kb * 1024 + megabytes * 1024 * 1024
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ValueError, OSError):
+        pass
+
+
+def main(config: dict) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    import autograder.reference  # noqa: F401  (before the limit: what answering needs, loaded now)
+
+    _limit_memory(int(config.get("memory_mb", 2048)))
+    oracle = Oracle()
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(b'{"ready": true}\n')
+    stdout.flush()
+    while True:
+        header = stdin.readline(1 << 26)
+        if not header:
+            return
+        try:
+            command = json.loads(header)
+            op = command.get("op")
+            if op == "load":
+                oracle.load(command["key"], command["assignment"], command["cells"], command["answers"])
+                reply = {"loaded": True}
+            elif op == "forget":
+                oracle.forget(str(command.get("session")))
+                reply = {"forgotten": True}
+            elif op == "ask":
+                line = stdin.readline(verdict.MAX_MESSAGE + 1)
+                reply = oracle.answer(str(command["key"]), str(command.get("session")), line)
+            else:
+                reply = {"error": {"type": "ValueError", "message": "unknown command"}}
+        except Exception as error:  # a command the worker sent wrong: say so, stay up
+            reply = {"error": {"type": type(error).__name__, "message": str(error)[:2000]}}
+        data = verdict.dumps(reply)
+        if len(data) > verdict.MAX_MESSAGE:
+            data = verdict.dumps({"error": {"type": "ValueError", "message": "the reference's answer is too large"}})
+        stdout.write(data + b"\n")
+        stdout.flush()
+
+
+# ---------------------------------------------------------------- the worker's side
+
+
+class RefereeGone(RuntimeError):
+    """The referee died, or was stopped because a request outlasted its time."""
+
+
+class Referee:
+    """The worker's handle on its referee process (one per warm sandbox); one request at a time."""
+
+    def __init__(self, memory_mb: int = 2048):
+        self.memory_mb = memory_mb
+        self.process: subprocess.Popen | None = None
+        self.loaded: set[str] = set()
+        self.lock = threading.Lock()
+        self.busy = False
+        self._buffer = b""
+        self._ready = False
+        self.starts = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the process now (it imports torch while the worker does other work)."""
+        if self.alive():
+            return
+        self.close()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        config = json.dumps({"memory_mb": self.memory_mb})
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.worker.referee", config],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        self.loaded, self._buffer, self._ready = set(), b"", False
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def close(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        try:
+            process.kill()
+        except OSError:
+            pass
+        for stream in (process.stdin, process.stdout):
+            try:
+                stream.close()
+            except Exception:
+                pass
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def abort(self) -> None:
+        """Stop a request still running (its cell has ended): the process goes, the next request
+        starts another one."""
+        if self.busy:
+            self.close()
+
+    # ------------------------------------------------------------ lines
+    def _send(self, data: bytes) -> None:
+        try:
+            self.process.stdin.write(data)
+            self.process.stdin.flush()
+        except (OSError, ValueError, AttributeError) as error:
+            self.close()
+            raise RefereeGone(f"the referee is gone ({error})") from None
+
+    def _line(self, deadline: float) -> bytes:
+        process = self.process
+        if process is None:
+            raise RefereeGone("the referee is gone")
+        stream = process.stdout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise RefereeGone("the reference took longer than the cell may")
+            try:
+                ready, _, _ = select.select([stream], [], [], min(left, 1.0))
+            except (OSError, ValueError):
+                raise RefereeGone("the referee is gone") from None
+            if ready:
+                chunk = os.read(stream.fileno(), 1 << 20)
+                if not chunk:
+                    self.close()
+                    raise RefereeGone("the referee stopped")
+                self._buffer += chunk
+                if len(self._buffer) > verdict.MAX_MESSAGE + 1:
+                    self.close()
+                    raise RefereeGone("the referee's answer is too large")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _command(self, command: dict, deadline: float, body: bytes = b"") -> dict:
+        self._send(json.dumps(command).encode("utf-8") + b"\n" + body)
+        return json.loads(self._line(deadline))
+
+    def _ensure(self, deadline: float) -> None:
+        if not self.alive():
+            self.start()
+        if not self._ready:
+            json.loads(self._line(deadline))  # {"ready": true}
+            self._ready = True
+
+    # ------------------------------------------------------------ requests
+    def ask(self, judge, session: str, line: bytes, seconds: float) -> bytes:
+        """The referee's answer (a JSON line, for the kernel) to a kernel's call ``line``."""
+        deadline = time.monotonic() + max(1.0, seconds)
+        with self.lock:
+            self.busy = True
+            try:
+                self._ensure(time.monotonic() + 120)
+                if judge.key not in self.loaded:
+                    self._command(
+                        {
+                            "op": "load",
+                            "key": judge.key,
+                            "assignment": judge.assignment,
+                            "cells": judge.cells,
+                            "answers": sorted(judge.answers),
+                        },
+                        time.monotonic() + 120,
+                    )
+                    self.loaded.add(judge.key)
+                body = line if line.endswith(b"\n") else line + b"\n"
+                self._send(json.dumps({"op": "ask", "key": judge.key, "session": session}).encode() + b"\n" + body)
+                return self._line(deadline)
+            except RefereeGone as error:
+                return verdict.dumps({"error": {"type": "RuntimeError", "message": f"the grader: {error}"}})
+            finally:
+                self.busy = False
+
+    def forget(self, session: str) -> None:
+        """Let go of the objects held for ``session`` (its cell has ended)."""
+        if not self.alive() or not self._ready:
+            return
+        with self.lock:
+            try:
+                self._command({"op": "forget", "session": session}, time.monotonic() + 30)
+            except (RefereeGone, ValueError):
+                self.close()
+
+
+_referees: dict = {}
+
+
+def for_slot(slot: int, memory_mb: int = 2048) -> Referee:
+    """The referee of the warm sandbox in worker slot ``slot`` (one per grading thread)."""
+    if slot not in _referees:
+        _referees[slot] = Referee(memory_mb)
+    return _referees[slot]
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})
