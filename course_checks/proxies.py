@@ -393,7 +393,13 @@ class KernelCodec(verdict.Codec):
             own = obj.__dict__.get("__proxy_ref__") if isinstance(obj, type) else getattr(obj, "__proxy_ref__", None)
             if isinstance(own, str):
                 return own
-            return self.given._setup_refs.get(id(obj))
+            found = self.given._setup_refs.get(id(obj))
+            if found is None and isinstance(obj, type):
+                # the notebook's own run of a set-up cell: the same class when it has the same code
+                twin = vars(self.given._setup).get(obj.__name__)
+                if isinstance(twin, type) and self.given._setup_refs.get(id(twin)) and _same_class(obj, twin):
+                    found = self.given._setup_refs[id(twin)]
+            return found
         return None
 
     def resolve(self, ref: str):
@@ -426,6 +432,39 @@ class KernelCodec(verdict.Codec):
         obj = object.__new__(cls)
         _attach(obj, self.given, name, data)
         return obj
+
+
+def _same_code(a, b) -> bool:
+    if not (isinstance(a, types.CodeType) and isinstance(b, types.CodeType)):
+        return a == b if not isinstance(a, types.CodeType) and not isinstance(b, types.CodeType) else False
+    return (
+        a.co_code == b.co_code
+        and a.co_names == b.co_names
+        and len(a.co_consts) == len(b.co_consts)
+        and all(_same_code(x, y) for x, y in zip(a.co_consts, b.co_consts))
+    )
+
+
+def _members_code(cls) -> dict:
+    found = {}
+    for name, member in vars(cls).items():
+        if isinstance(member, (staticmethod, classmethod)):
+            member = member.__func__
+        if isinstance(member, property):
+            found[name] = tuple(getattr(f, "__code__", None) for f in (member.fget, member.fset))
+        elif isinstance(member, types.FunctionType):
+            found[name] = (member.__code__,)
+    return found
+
+
+def _same_class(a: type, b: type) -> bool:
+    """Whether classes ``a`` and ``b`` were made by the same code (a set-up cell run twice)."""
+    if a.__qualname__ != b.__qualname__ or [c.__name__ for c in a.__mro__] != [c.__name__ for c in b.__mro__]:
+        return False
+    mine, theirs = _members_code(a), _members_code(b)
+    return mine.keys() == theirs.keys() and all(
+        len(mine[k]) == len(theirs[k]) and all(_same_code(x, y) for x, y in zip(mine[k], theirs[k])) for k in mine
+    )
 
 
 # ---------------------------------------------------------------- the cases, unpacked

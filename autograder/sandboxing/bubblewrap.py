@@ -7,8 +7,9 @@ every notebook. The sandbox has
 
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
-  environment, the course's own Python packages (``autograder``, the kernel
-  side ``course_checks``, the widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
+  environment, the kernel side ``course_checks`` and the widgets, of the grader's package
+  only what the warm interpreter runs (``ZYGOTE_NEEDS``: no catalogue, no judge, no
+  reference code), ``assets/``; nothing else of the course, so no ``solutions/``,
   and none of the class's data (``coursework/``: gradebook, submissions, feedback);
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 PACKAGE = Path(__file__).resolve().parents[1]  # autograder/, code only
+ZYGOTE_NEEDS = ("__init__.py", "sandboxing")  # the parts of it the sandbox sees
 SANDBOX_UID = 61000  # + worker slot, when the grader runs as root
 HOST_BASE = "/run/grading"  # where the host's sandbox sees every worker's folder
 # Imported once per worker, before any notebook: what every graded kernel needs.
@@ -79,7 +81,10 @@ PRELOAD = [
     "course_checks.trusted",
     "course_checks.verdict",
     "course_checks.cases",
+    "course_checks.scripts",
+    "course_checks.probes",
     "course_checks.modules",
+    "course_checks.proxies",
     "course_checks.course",
 ]
 
@@ -167,14 +172,24 @@ def _etc_files() -> list[Path]:
     return [Path("/etc") / n for n in names if (Path("/etc") / n).exists()]
 
 
-def read_only_binds(course_root: Path) -> list[tuple[str, Path, Path]]:
-    """What the sandbox sees of this machine besides /usr: (kind, source, destination)."""
+def read_only_binds(course_root: Path) -> list[tuple[str, Path | None, Path]]:
+    """What the sandbox sees of this machine besides /usr: (kind, source, destination), in the
+    order bubblewrap mounts them (a later mount lies over an earlier one; source None for a
+    mount of nothing, an empty folder)."""
     binds: list[tuple[str, Path, Path]] = []
     for path in _etc_files():
         binds.append(("--ro-bind", path, path))
     for root in _python_roots():
         binds.append(("--ro-bind", root, root))
-    binds.append(("--ro-bind", PACKAGE, PACKAGE))  # code only: the class's data is in coursework/
+    # Of the grader's package, only what the warm interpreter runs (``python -m
+    # autograder.sandboxing.zygote``), on an empty read-only folder that hides the rest (also
+    # when the package is installed in the environment mounted above): the catalogues, the
+    # judge and the reference code are not even importable in the sandbox. The class's data is
+    # in coursework/, never here.
+    binds.append(("--tmpfs", None, PACKAGE))
+    for part in ZYGOTE_NEEDS:
+        binds.append(("--ro-bind", PACKAGE / part, PACKAGE / part))
+    binds.append(("--remount-ro", None, PACKAGE))
     for name in ("course_checks", "course_widgets"):
         folder = _package_folder(name)
         if folder is not None:
@@ -243,7 +258,7 @@ def bwrap_command(
             continue
         args += ["--perms", "0755", "--dir", str(folder)]
     for kind, source, dest in binds:
-        args += [kind, str(source), str(dest)]
+        args += [kind, str(dest)] if source is None else [kind, str(source), str(dest)]
     args += ["--perms", "1777", "--size", scratch, "--tmpfs", str(notebooks_dir)]
     if host_base is not None:
         args += ["--bind", str(host_base), HOST_BASE]
@@ -295,6 +310,14 @@ def interpreter_environment() -> dict:
     env = kernel_environment(None)
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     return env
+
+
+def _rebind(binds) -> list[str]:
+    """The folders under /tmp that a forked worker mounts again from the host's view: each
+    outermost one once (what lies over or inside it comes along)."""
+    under = [dest for _, _, dest in binds if dest.is_relative_to("/tmp") and dest != Path("/tmp")]
+    folders = dict.fromkeys(dest for dest in under if not dest.is_file())
+    return [str(dest) for dest in folders if not any(parent in folders for parent in dest.parents)]
 
 
 class WarmSandbox:
@@ -359,11 +382,7 @@ class WarmSandbox:
                     "log": f"{HOST_BASE}/w{self.slot}.log",
                     "notebooks_dir": str(self.notebooks_dir),
                     "scratch_bytes": self.limits.scratch_mb * 1024 * 1024,
-                    "rebind": [
-                        str(dest)
-                        for _, _, dest in read_only_binds(self.course_root)
-                        if dest.is_relative_to("/tmp") and dest != Path("/tmp")
-                    ],
+                    "rebind": _rebind(read_only_binds(self.course_root)),
                 }
             )
         return config
