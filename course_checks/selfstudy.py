@@ -43,6 +43,7 @@ from pathlib import Path
 
 from . import course
 from .checks import Diagnosis, diagnose, judge_for
+from .compat import show_error
 from .files import write_atomically
 
 PROGRESS_FILE = ".progress.json"
@@ -231,7 +232,7 @@ class CheckCell:
         if lines is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         else:
-            shell._showtraceback(etype, value, lines)
+            show_error(shell, etype, value, lines)
 
     def explain(self, error: BaseException) -> list[str] | None:
         """What to show instead of ``error``'s traceback, or None for the usual traceback."""

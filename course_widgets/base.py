@@ -34,6 +34,8 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
+from .compat import axes_titles, tick_labels, validate_trait
+
 
 def grading_now() -> bool:
     """True while nbgrader autogrades or validates the notebook."""
@@ -149,9 +151,7 @@ def _data_artists(figure) -> list:
             *axes.lines,
             *axes.collections,
             *axes.texts,
-            axes.title,
-            axes._left_title,
-            axes._right_title,
+            *axes_titles(axes),
         ]
         if axes.axison and axes.get_frame_on():
             own += axes.spines.values()
@@ -189,7 +189,7 @@ class Explorer(widgets.VBox):
             # Until the page's view says it is ready, ipympl keeps each frame it draws in the canvas's
             # `_data_url` as bare base64, without its "data:image/png;base64," prefix; a view made after
             # that (a slow page) cannot load it and stays blank. The copy gets its prefix as it is set.
-            canvas._register_validator(_prefixed_data_url, ["_data_url"])
+            validate_trait(canvas, "_data_url", _prefixed_data_url)
             view = canvas
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
@@ -248,7 +248,7 @@ class Explorer(widgets.VBox):
                     axes.get_ylabel(),
                     _ticks(axes.xaxis),
                     _ticks(axes.yaxis),
-                    *(bool(t.get_text()) for t in (axes.title, axes._left_title, axes._right_title)),
+                    *(bool(t.get_text()) for t in axes_titles(axes)),
                     tuple(t.get_text() for t in legend.get_texts()) if legend else None,
                 )
             )
@@ -265,7 +265,7 @@ class Explorer(widgets.VBox):
             legend = axes.get_legend()
             shape = []
             for axis in (axes.xaxis, axes.yaxis):
-                labels = [t.label1.get_text() for t in axis._update_ticks()] if axes.get_visible() else []
+                labels = tick_labels(axis) if axes.get_visible() else []
                 tick = axis.majorTicks[0].label1
                 shape.append(
                     (
@@ -281,10 +281,7 @@ class Explorer(widgets.VBox):
                 (
                     axes.get_visible(),
                     *shape,
-                    *(
-                        (bool(text), text.count("\n"))
-                        for text in (t.get_text() for t in (axes.title, axes._left_title, axes._right_title))
-                    ),
+                    *((bool(text), text.count("\n")) for text in (t.get_text() for t in axes_titles(axes))),
                     tuple(t.get_text() for t in legend.get_texts()) if legend else None,
                 )
             )

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from course_checks.files import write_atomically
 
+from ..compat import late_penalty
 from ..flags import REVIEW_FLAGS
 from ..records import Job, Result
 from .runs import STARTED, trace
@@ -189,11 +190,9 @@ class Writer:
             if submission.total_seconds_late > 0:
                 gradebook.db.flush()
                 gradebook.db.refresh(notebook)  # its score, from the grades just written
-                penalty = self.late.plugin_inst.late_submission_penalty(
-                    result.student, notebook.score, submission.total_seconds_late
+                notebook.late_submission_penalty = late_penalty(
+                    self.late, notebook, result.student, submission.total_seconds_late
                 )
-                if penalty is not None:
-                    notebook.late_submission_penalty = self.late._check_late_penalty(notebook, penalty)
             if any(flag in REVIEW_FLAGS for flag in result.flags):
                 notebook.flagged = True  # never cleared here: a human's flag stays
             knows_more = bool(
