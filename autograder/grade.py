@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .engine.collect import collect
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
 
 def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) -> int:
     from .engine.report import export_csv, summary, write_report  # matplotlib: imported as the run ends
-    from .engine.writer import Ledger
+    from .engine.writer import Ledger  # here: the grade command starts without it
 
     trace("configuration read, sandbox probed")
     try:
@@ -205,7 +206,6 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
 def quiet_library_warnings() -> None:
     """nbgrader's own API warns on every new submission (SQLAlchemy autoflush), nbformat on
     duplicated cell ids (which a submission may well have): noise on the instructor's screen."""
-    import warnings
 
     warnings.filterwarnings("ignore", message=".*not in session.*")
     warnings.filterwarnings("ignore", message=".*Non-unique cell id.*")

@@ -18,6 +18,6 @@ def show_error(shell, etype, value, lines: list[str]) -> None:
 
 def tensor_base():
     """torch's C base class of ``Tensor``, whose methods a tensor method resolves to."""
-    import torch
+    import torch  # here: the grade command's process reads this module without torch
 
     return torch._C.TensorBase

@@ -32,6 +32,8 @@ from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 from .compat import axes_titles, tick_labels, validate_trait
@@ -66,7 +68,6 @@ def expect_tensor(name: str, value, shape, *, dtype=None, detach: bool = True):
     """The learner's ``value`` once it is a tensor of ``shape`` (and ``dtype``, when given), else a
     ``LearnerFunctionProblem`` saying what came back instead. Detached as float64 (what the widgets
     draw), unless ``detach`` is False (a value still in autograd's graph, or a mask)."""
-    import torch
 
     if not isinstance(value, torch.Tensor):
         raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
@@ -337,8 +338,6 @@ class Explorer(widgets.VBox):
                 self._draw_animated()
                 canvas.blit(self.figure.bbox)
         else:
-            from IPython.display import display
-
             self.view.clear_output(wait=True)
             with self.view:
                 display(self.figure)

@@ -19,6 +19,7 @@ from ..sandboxing.bubblewrap import Limits, probe
 from . import runs
 from .collect import Collection
 from .course import CourseFolder
+from .runners import LocalPool
 
 
 def read_course(args) -> CourseFolder:
@@ -68,7 +69,7 @@ def check_outputs(args, course: CourseFolder) -> None:
 
 def _database_problem(db_url: str) -> str | None:
     try:
-        import sqlalchemy
+        import sqlalchemy  # here: for a database that is not SQLite only
 
         engine = sqlalchemy.create_engine(db_url)
         with engine.connect():
@@ -125,8 +126,6 @@ def grading_limits(args, course: CourseFolder) -> Limits:
 def choose_runner(args, course: CourseFolder, limits: Limits, sandboxed: bool, address: str | None):
     """This machine's pool, or a Dask cluster, connected and checked before anything is written."""
     if not address:
-        from .runners import LocalPool
-
         return LocalPool(course.root, limits, sandboxed, args.workers)
     from .distributed import DaskCluster  # Dask, imported only for a cluster
 

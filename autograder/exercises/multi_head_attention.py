@@ -36,6 +36,8 @@ from collections import Counter
 
 import torch
 
+from course_checks.checks import substitute
+
 from ..messages import tagged
 from .catalogue import Case, Exercise, Mistake, module_case
 
@@ -411,7 +413,6 @@ def python_steps(cls, n_heads: int) -> Counter:
 
 def _steps_with_fallback(cls, ref):
     """Counts for each probe head count; with the reference helpers (``ref``) if the learner's fail."""
-    from course_checks.checks import substitute
 
     try:
         return [python_steps(cls, h) for h in PROBE_HEADS]

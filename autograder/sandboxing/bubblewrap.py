@@ -27,6 +27,7 @@ which case the same zygote runs as a plain process (limits, but no isolation).
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -34,6 +35,8 @@ import secrets
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -110,7 +113,6 @@ def claim_slot(limit: int = 512) -> int:
     workers) never share a process-count limit. Each slot is an exclusive lock
     on a file; the kernel releases it when the process ends, however it ends.
     """
-    import fcntl
 
     folder = Path(tempfile.gettempdir()) / f"autograder-slots-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -583,8 +585,6 @@ class HostedInterpreter:
     def ask(cls, host: HostAddress, config: dict, uid: int | None, timeout: float) -> HostedInterpreter:
         """Connect to the host (waiting while it warms up), send the worker's configuration, and
         read the forked interpreter's first line."""
-        import socket
-        import struct
 
         deadline = time.monotonic() + timeout
         while True:
