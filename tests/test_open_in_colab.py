@@ -101,7 +101,8 @@ def colab(tmp_path_factory):
             for index, cell in enumerate(notebook.cells):
                 client.execute_cell(cell, index)
             again = nbformat.v4.new_code_cell(colab_cell(notebook).source + "\nprint(os.getcwd())")
-            client.execute_cell(again, len(notebook.cells))
+            notebook.cells.append(again)  # the cell run once more, at the end
+            client.execute_cell(again, len(notebook.cells) - 1)
     finally:
         if previous is None:
             os.environ.pop("JUPYTER_PATH")
