@@ -42,10 +42,22 @@ def run(*command, cwd: Path, timeout: float = 900, check: bool = True, **extra_e
     return result
 
 
+SOURCES = ("pyproject.toml", "LICENSE", "LICENSE-CC-BY-4.0", "course_checks", "course_widgets", "autograder")
+
+
 def build_wheels(dist: Path) -> dict[str, Path]:
-    """{distribution name: wheel} of the course's two distributions, built from this checkout with the
-    dev lock's setuptools (no build isolation: no index asked, the same build every day)."""
-    for project in (REPOSITORY, REPOSITORY / "autograder"):
+    """{distribution name: wheel} of the course's two distributions, built from a copy of this
+    checkout's sources (a build leaves build/ folders in its source tree) with the dev lock's
+    setuptools (no build isolation: no index asked, the same build every day)."""
+    source = dist.parent / "source"
+    source.mkdir()
+    for name in SOURCES:
+        if (REPOSITORY / name).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+            shutil.copytree(REPOSITORY / name, source / name, ignore=ignore)
+        else:
+            shutil.copy2(REPOSITORY / name, source)
+    for project in (source, source / "autograder"):
         run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", dist, project,
             cwd=dist.parent)  # fmt: skip
     [course] = dist.glob("attention_transformers_course-*.whl")

@@ -40,7 +40,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from grading_harness import answer_cells, grade_cells, reference_answers, sandbox_works
-from installed_course import COURSE, GRADER, REPOSITORY, build_wheels, environment
+from installed_course import COURSE, GRADER, REPOSITORY, SOURCES, build_wheels, environment
 
 ASSIGNMENT = "00_start_here"
 COURSE_ID = "attention-transformers"
@@ -115,10 +115,11 @@ def test_the_install_lines_take_pytorchs_cpu_build_and_the_locks_versions(image,
     (index / "index.html").write_text(f'<a href="{wheel.name}">{wheel.name}</a>\n')
     clone = tmp_path / "clone"  # the clone's course files (pip builds them in place)
     clone.mkdir()
-    for name in ("pyproject.toml", "LICENSE", "LICENSE-CC-BY-4.0"):
-        shutil.copy2(REPOSITORY / name, clone)
-    for name in ("course_checks", "course_widgets", "autograder"):
-        shutil.copytree(REPOSITORY / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in SOURCES:
+        if (REPOSITORY / name).is_dir():
+            shutil.copytree(REPOSITORY / name, clone / name, ignore=shutil.ignore_patterns("__pycache__", "build"))
+        else:
+            shutil.copy2(REPOSITORY / name, clone)
     set_name = "student" if image == "students" else "grader"
     constraints = lock_as_constraints(set_name, tmp_path / "constraints.txt")
     report = tmp_path / "report.json"

@@ -60,8 +60,9 @@ def local_repository(folder: Path) -> Path:
     folder.mkdir()
     for name in ("pyproject.toml", "LICENSE", "LICENSE-CC-BY-4.0", "nbgrader_config.py"):
         shutil.copy2(REPOSITORY / name, folder)
+    ignore = shutil.ignore_patterns(".*", "*.pt", "__pycache__", "build", "*.egg-info")
     for name in ("course_checks", "course_widgets", "autograder", "solutions", "notebooks"):
-        shutil.copytree(REPOSITORY / name, folder / name, ignore=shutil.ignore_patterns(".*", "*.pt", "__pycache__"))
+        shutil.copytree(REPOSITORY / name, folder / name, ignore=ignore)
     git = ("git", "-C", str(folder), "-c", "user.name=course", "-c", "user.email=course@localhost")
     for command in (("init", "--quiet"), ("add", "."), ("commit", "--quiet", "-m", "the course")):
         subprocess.run([*git, *command], check=True, capture_output=True)
