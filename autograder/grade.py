@@ -5,7 +5,8 @@
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
     ./course grade --workers 4 --cell-timeout 60 --force
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
-    python -m autograder.grade ...         # the same, from a course folder (its nbgrader_config.py)
+    course-grade ...                       # the same, installed (pip): from a course folder
+    python -m autograder.grade ...         # the same (a course folder: its nbgrader_config.py)
 
 This module is the command line; ``main`` reads as its steps, each in ``engine``: read the
 course (``plan.read_course``), try every place the run will write (``plan.check_outputs``),
@@ -55,7 +56,9 @@ def default_workers() -> int:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="./course grade", description=__doc__.split("\n\n")[0])
+    # named as the instructor called it: ./course grade, or the installed console script
+    prog = "course-grade" if Path(sys.argv[0]).name == "course-grade" else "./course grade"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
     parser.add_argument(
         "--from",

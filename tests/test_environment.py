@@ -333,32 +333,33 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
         )
 
 
-def extra(name: str) -> dict:
-    """The pins of what `pip install` takes for the set `name`: the course's optional dependencies
-    `student` (`pip install ".[student]"`), the grader distribution's dependencies for `grader`
-    (`pip install ./autograder`), each with the course's extras it names."""
+def distribution_pins(name: str) -> dict:
+    """The pins of what `pip install` takes for the set `name`: the course distribution's
+    dependencies for `student` (`pip install .`), the grader distribution's for `grader`
+    (`pip install ./autograder .`), with the course distribution's where it names it."""
     import tomllib
 
     project = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]
     grader = tomllib.loads((REPOSITORY / "autograder" / "pyproject.toml").read_text())["project"]
-    lines = grader["dependencies"] if name == "grader" else project["optional-dependencies"][name]
+    lines = grader["dependencies"] if name == "grader" else project["dependencies"]
     found = {}
     for line in lines:
         requirement = Requirement(line)
         if requirement.name == project["name"]:
-            for included in requirement.extras:
-                found |= extra(included)
+            assert str(requirement.specifier) == f"=={project['version']}", line
+            found |= distribution_pins("student")
             continue
         [specifier] = requirement.specifier
-        assert specifier.operator == "==" and not requirement.marker, f"[{name}]: {line} is not an exact pin"
+        assert specifier.operator == "==" and not requirement.marker, f"{name}: {line} is not an exact pin"
         found[requirement.name.lower()] = specifier.version
     return found
 
 
 @pytest.mark.parametrize("set_name", ("student", "grader"))
-def test_pyproject_extras_are_the_requirement_sets_pin_for_pin(set_name):
-    """`pip install ".[grader]"` (a JupyterHub's grading environment) gets what `./course` installs."""
-    assert extra(set_name) == pins(set_name)
+def test_the_distributions_dependencies_are_the_requirement_sets_pin_for_pin(set_name):
+    """`pip install .` (a student's image) and `pip install ./autograder .` (a JupyterHub's grading
+    environment) get what `./course` installs, torch at the same version."""
+    assert distribution_pins(set_name) == pins(set_name)
 
 
 def test_the_postgres_driver_is_in_the_grader_set_only():

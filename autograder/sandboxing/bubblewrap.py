@@ -8,8 +8,9 @@ every notebook. The sandbox has
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
   environment, the course's own Python packages (``autograder``, the kernel
-  side ``course_checks``, the widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
-  and none of the class's data (``coursework/``: gradebook, submissions, feedback);
+  side ``course_checks``, the widgets with their data), the course's
+  ``assets/``; nothing else of the course, so no ``solutions/``, and none
+  of the class's data (``coursework/``: gradebook, submissions, feedback);
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
   kernel is up;
@@ -181,12 +182,11 @@ def read_only_binds(course_root: Path) -> list[tuple[str, Path, Path]]:
         folder = _package_folder(name)
         if folder is not None:
             binds.append(("--ro-bind", folder, folder))
-    widgets = _package_folder("course_widgets")
-    # The course's data: beside the notebooks, and beside the widget package,
-    # which reads it from there (notebook 07's corpus), when the two differ.
-    for assets in dict.fromkeys([course_root / "assets", *([widgets.parent / "assets"] if widgets else [])]):
-        if assets.is_dir():
-            binds.append(("--ro-bind", assets, assets))
+    # The course's data beside the notebooks, if it has any (the widgets' own data, notebook 07's
+    # corpus, is package data inside course_widgets/, bound above)
+    assets = course_root / "assets"
+    if assets.is_dir():
+        binds.append(("--ro-bind", assets, assets))
     return binds
 
 
