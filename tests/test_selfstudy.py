@@ -125,15 +125,11 @@ def student_stubs(assignment: str) -> dict:
 
 
 def shown_by(function, *args, **kwargs) -> list:
-    """What ``function`` displays (IPython.display.display), in order."""
-    import IPython.display
-
-    shown, original = [], IPython.display.display
-    IPython.display.display = lambda *objects, **_: shown.extend(objects)
-    try:
+    """What ``function`` displays (self-study's ``display``, IPython's), in order."""
+    shown = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(selfstudy, "display", lambda *objects, **_: shown.extend(objects))
         function(*args, **kwargs)
-    finally:
-        IPython.display.display = original
     return shown
 
 
