@@ -23,15 +23,21 @@ explorers build nothing and show one line, so grading does not pay for demos.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import html
+import io
+import json
 import os
+import types
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import numpy as np
+import PIL.Image
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
 
@@ -86,11 +92,24 @@ def explain_unfinished():
         )
 
 
-def _prefixed_data_url(canvas, proposal):
-    value = proposal["value"]
-    if isinstance(value, str) and value and not value.startswith("data:"):
-        return "data:image/png;base64," + value
-    return value
+def _send_frame(canvas, png: bytes) -> None:
+    """ipympl 0.10's ``Canvas.send_binary`` without its bug for early frames.
+
+    A frame drawn before the page's view of the canvas has said "initialized" (an early frame)
+    is also kept as the canvas's ``_data_url``, for a view made later; ipympl keeps it as bare
+    base64, and then sends the frame's raw RGBA pixels instead of the PNG it was given. The page
+    cannot decode those: its image is left "broken", the resize that follows fails on it (the
+    page's drawImage throws), and the view keeps its first size, 0 x 0, for good. Early frames
+    happen when the kernel draws before it has read the page's "initialized": on a busy machine
+    under Run All (notebook 07's attention maps, in about half the runs at load 10). Here the PNG
+    is sent, and the copy is a data: URL of the whole picture.
+    """
+    if canvas.syncing_data_url:
+        pixels = canvas._last_buff.view(np.uint8).reshape((*canvas._last_buff.shape, 4))
+        with io.BytesIO() as picture:
+            PIL.Image.fromarray(pixels).save(picture, format="png")
+            canvas._data_url = "data:image/png;base64," + base64.b64encode(picture.getvalue()).decode("ascii")
+    canvas.send({"data": json.dumps({"type": "binary"})}, buffers=[png])
 
 
 def _is_widget_canvas(canvas) -> bool:
@@ -170,10 +189,8 @@ class Explorer(widgets.VBox):
             canvas.footer_visible = False
             canvas.toolbar_visible = False
             canvas.resizable = False
-            # Until the page's view says it is ready, ipympl keeps each frame it draws in the canvas's
-            # `_data_url` as bare base64, without its "data:image/png;base64," prefix; a view made after
-            # that (a slow page) cannot load it and stays blank. The copy gets its prefix as it is set.
-            canvas._register_validator(_prefixed_data_url, ["_data_url"])
+            # frames drawn before the page is ready reach it as pictures (see _send_frame)
+            canvas.send_binary = types.MethodType(_send_frame, canvas)
             view = canvas
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
