@@ -58,6 +58,7 @@ class JupyterLab:
         extra_args: list[str] | None = None,
         env: dict | None = None,
         python: str | Path | None = None,
+        news_answered: bool = True,
     ):
         self.root_dir = Path(root_dir)
         self.python = str(python or sys.executable)  # the environment the server (and its kernels) run in
@@ -66,16 +67,19 @@ class JupyterLab:
         self.scratch = Path(tempfile.mkdtemp(prefix="course-lab-"))
         self.extra_args = extra_args or []
         self.env = env or {}
+        self.news_answered = news_answered  # False: a user who was never asked (see command)
         self.process = None
 
     def command(self) -> list[str]:
         """The command that starts the server, before the flags that put it on this port with this
         token (``start`` adds them). Here: the tests' own JupyterLab, with a temporary workspaces
-        and settings folder (news off, every cell rendered). A subclass may start it otherwise."""
+        and settings folder (every cell rendered; JupyterLab's news question answered "no" unless
+        ``news_answered`` is False). A subclass may start it otherwise."""
         settings = self.scratch / "settings"
-        news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
-        news.parent.mkdir(parents=True, exist_ok=True)
-        news.write_text(json.dumps({"fetchNews": "false"}))
+        if self.news_answered:
+            news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+            news.parent.mkdir(parents=True, exist_ok=True)
+            news.write_text(json.dumps({"fetchNews": "false"}))
         # render every cell: with windowing, cells out of view have no prompt or output yet
         windowing = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
         windowing.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +250,22 @@ def copy_course(target: Path) -> Path:
     """A copy of the repository as a learner's clone holds it (no venv, no git, no class data)."""
     shutil.copytree(REPOSITORY, target, ignore=COURSE_COPY_IGNORES, symlinks=True)
     return target
+
+
+NEWS_QUESTION = "Would you like to get notified about official Jupyter news?"
+
+
+def news_question_shown(page, within_s: float = 5) -> bool:
+    """JupyterLab's news question appears within ``within_s`` of a notebook's kernel being ready
+    (it is asked once the page has restored its layout, before a kernel starts: see the control in
+    test_browser_course_lab.py)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_text(NEWS_QUESTION).first.wait_for(timeout=within_s * 1000)
+    except PlaywrightTimeout:
+        return False
+    return True
 
 
 def menu_titles(page) -> list[str]:

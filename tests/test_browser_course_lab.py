@@ -23,12 +23,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from browser_harness import REPOSITORY, JupyterLab, LabNotebook, copy_course, menu_titles, needs_chromium
+from browser_harness import (
+    REPOSITORY,
+    JupyterLab,
+    LabNotebook,
+    copy_course,
+    menu_titles,
+    needs_chromium,
+    news_question_shown,
+)
 
 pytestmark = needs_chromium
 
 NOTEBOOK_00 = "notebooks/00_start_here/00_start_here.ipynb"
-NEWS_QUESTION = "Would you like to get notified about official Jupyter news?"
 
 
 def course_setup_is_current() -> bool:
@@ -79,18 +86,6 @@ def open_notebook_00(browser, lab: JupyterLab) -> LabNotebook:
     notebook = LabNotebook(page, lab.url(NOTEBOOK_00))
     notebook.open()
     return notebook
-
-
-def news_question_shown(page, within_s: float = 5) -> bool:
-    """JupyterLab's news question appears within ``within_s`` of notebook 00's kernel being ready
-    (it is asked once the page has restored its layout, before a kernel starts: see the control)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    try:
-        page.get_by_text(NEWS_QUESTION).first.wait_for(timeout=within_s * 1000)
-    except PlaywrightTimeout:
-        return False
-    return True
 
 
 def validate_button(page):

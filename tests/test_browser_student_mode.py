@@ -12,7 +12,8 @@ course, as on Binder, and the tests check in chromium:
 
 * Validate is in the notebook toolbar; nbgrader's menu, the create-assignment
   panel, formgrader and the assignment list are gone (in the page and on the
-  server), while the course's normal JupyterLab has them;
+  server), while the course's normal JupyterLab has them; JupyterLab does not
+  ask a new user about its news;
 * Validate on a student notebook lists its failing exercises; once the answer
   cells hold correct code (typed into the editor), Validate reports success.
 """
@@ -27,7 +28,15 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from browser_harness import REPOSITORY, JupyterLab, LabNotebook, copy_course, menu_titles, needs_chromium
+from browser_harness import (
+    REPOSITORY,
+    JupyterLab,
+    LabNotebook,
+    copy_course,
+    menu_titles,
+    needs_chromium,
+    news_question_shown,
+)
 
 pytestmark = needs_chromium
 
@@ -92,7 +101,8 @@ def student_lab(tmp_path_factory):
     assert result.returncode == 0, f"postBuild failed:\n{result.stdout}\n{result.stderr}"
     assert digest(course_config) == before, "postBuild changed the course's own environment"
     course = copy_course(root / "course")
-    with JupyterLab(course, python=python, env=variables) as server:
+    # a learner who was never asked about JupyterLab's news: postBuild keeps the question away
+    with JupyterLab(course, python=python, env=variables, news_answered=False) as server:
         yield server
 
 
@@ -117,6 +127,7 @@ def test_binder_mode_keeps_validate_and_hides_the_instructor_tools(student_lab, 
     try:
         page = notebook.page
         assert page.locator(".jp-NotebookPanel-toolbar jp-button", has_text="Validate").is_visible()
+        assert not news_question_shown(page)
         assert "Nbgrader" not in menu_titles(page)
         assert page.get_by_text("Create Assignment").count() == 0
         assert student_lab.status("formgrader") == 404
