@@ -36,7 +36,7 @@ import torch
 from IPython.display import display
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
 
-from .compat import axes_titles, tick_labels, validate_trait
+from .compat import axes_titles, send_frames_as_png, tick_labels
 
 
 def grading_now() -> bool:
@@ -103,13 +103,6 @@ def explain_unfinished():
             f"This cell needs your `{name}`, which still raises NotImplementedError. Write it in its exercise "
             "cell, run that cell, then run this one again."
         )
-
-
-def _prefixed_data_url(canvas, proposal):
-    value = proposal["value"]
-    if isinstance(value, str) and value and not value.startswith("data:"):
-        return "data:image/png;base64," + value
-    return value
 
 
 def _is_widget_canvas(canvas) -> bool:
@@ -187,10 +180,8 @@ class Explorer(widgets.VBox):
             canvas.footer_visible = False
             canvas.toolbar_visible = False
             canvas.resizable = False
-            # Until the page's view says it is ready, ipympl keeps each frame it draws in the canvas's
-            # `_data_url` as bare base64, without its "data:image/png;base64," prefix; a view made after
-            # that (a slow page) cannot load it and stays blank. The copy gets its prefix as it is set.
-            validate_trait(canvas, "_data_url", _prefixed_data_url)
+            # frames drawn before the page is ready reach it as pictures (see _send_frame)
+            send_frames_as_png(canvas)
             view = canvas
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()

@@ -249,9 +249,10 @@ class TrainingMonitor(Explorer):
         ipympl's figure appears once the browser and the kernel have exchanged a
         handshake. After it, canvas.draw() renders in the kernel and pushes the
         picture at once (draw_idle would wait for the cell to end). Before it, as
-        when "Run All" has queued the training cell behind the widget, a pushed
-        frame would break the figure's set-up: the frames go to a PNG picture
-        instead, which the browser shows as they come, until the handshake.
+        when "Run All" has queued the training cell behind the widget, the page
+        has not sized the figure yet (its answer waits for the cell to end), so
+        a pushed frame would not show: the frames go to a PNG picture instead,
+        which the browser shows as they come, until the handshake.
         """
         canvas = self.figure.canvas
         if not hasattr(canvas, "send_binary"):  # not ipympl: a static picture

@@ -365,3 +365,29 @@ def test_the_distributions_dependencies_are_the_requirement_sets_pin_for_pin(set
 def test_the_postgres_driver_is_in_the_grader_set_only():
     assert {"psycopg", "psycopg-binary"} <= pins("grader").keys()
     assert "psycopg" not in locked_versions("student")
+
+
+def test_course_lab_student_config_turns_off_what_post_build_turns_off():
+    """./course lab's student configuration (tools/lab-config/student) and Binder's postBuild
+    leave a student the same parts of nbgrader: every lab plugin and server extension but Validate."""
+    script = (REPOSITORY / "postBuild").read_text()
+    student = REPOSITORY / "tools" / "lab-config" / "student"
+    page_config = json.loads((student / "labconfig" / "page_config.json").read_text())
+    plugins = {
+        f"@jupyter/nbgrader:{name}"
+        for name in re.search(r"instructor_plugins=\(@jupyter/nbgrader:\{([a-z,-]+)\}\)", script).group(1).split(",")
+    }
+    assert page_config["disabledExtensions"] == dict.fromkeys(plugins, True)
+    assert page_config["lockedExtensions"] == dict.fromkeys(plugins, True)
+    [server_config] = (student / "jupyter_server_config.d").glob("*.json")
+    extensions = {
+        f"nbgrader.server_extensions.{name}"
+        for name in re.search(r"instructor_extensions=\(nbgrader\.server_extensions\.\{([a-z_,]+)\}\)", script)
+        .group(1)
+        .split(",")
+    }
+    assert json.loads(server_config.read_text())["ServerApp"]["jpserver_extensions"] == dict.fromkeys(extensions, False)
+    news = json.loads(
+        (REPOSITORY / "tools" / "lab-config" / "course" / "labconfig" / "default_setting_overrides.json").read_text()
+    )
+    assert news["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
