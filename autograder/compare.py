@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
+
 from course_checks import trusted
 from course_checks.cases import Case
 
@@ -24,7 +26,6 @@ from .messages import tagged
 
 
 def _as_tensor(value):
-    import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach()
@@ -36,7 +37,6 @@ def close(actual, expected, atol: float, rtol: float, names: Sequence[str] = ())
 
     A tuple's items are named by ``names`` when it names them all (a case's ``item_names``,
     e.g. "the keys update 3 returned"), else "item 0", "item 1", ..."""
-    import torch
 
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):

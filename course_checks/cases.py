@@ -46,7 +46,7 @@ class ModuleCase(Case):
     dtype: str | None = None
 
     def build(self, cls):
-        import torch
+        import torch  # here: the grade command's process reads this module without torch
 
         module = cls(*self.init_args, **self.init_kwargs)
         module.load_state_dict(self.state)
@@ -55,7 +55,7 @@ class ModuleCase(Case):
         return module.eval()
 
     def run(self, cls) -> Any:
-        import torch
+        import torch  # here: the grade command's process reads this module without torch
 
         module = self.build(cls)
         with torch.no_grad():
@@ -78,13 +78,13 @@ class Shipment:
 
 
 def _snapshot_inputs(case):
-    import torch
+    import torch  # here: the grade command's process reads this module without torch
 
     return [v.clone() if isinstance(v, torch.Tensor) else None for v in (*case.args, *case.kwargs.values())]
 
 
 def _inputs_changed(case, before) -> bool:
-    import torch
+    import torch  # here: the grade command's process reads this module without torch
 
     for value, saved in zip((*case.args, *case.kwargs.values()), before):
         if saved is not None and not torch.equal(value, saved):

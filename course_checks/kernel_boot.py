@@ -11,9 +11,9 @@ sealed too, when it is installed; a class student's environment has none, and ne
 """
 
 # trusted takes its snapshot as it is imported: here, before any student code runs
-from . import cases, checks, course, modules, probes, proxies, scripts, trusted, verdict
+from . import cases, checks, compat, course, modules, probes, proxies, scripts, trusted, verdict
 
-_sealed = [trusted, verdict, cases, scripts, probes, modules, proxies, course, checks]
+_sealed = [trusted, compat, verdict, cases, scripts, probes, modules, proxies, course, checks]
 if checks._LINK is None:
     try:
         from autograder import compare, local_judge, reference

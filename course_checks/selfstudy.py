@@ -41,8 +41,11 @@ import os
 import time
 from pathlib import Path
 
+from IPython.display import Markdown, display
+
 from . import course
 from .checks import Diagnosis, diagnose, judge_for
+from .compat import show_error
 from .files import write_atomically
 
 PROGRESS_FILE = ".progress.json"
@@ -231,7 +234,7 @@ class CheckCell:
         if lines is None:
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         else:
-            shell._showtraceback(etype, value, lines)
+            show_error(shell, etype, value, lines)
 
     def explain(self, error: BaseException) -> list[str] | None:
         """What to show instead of ``error``'s traceback, or None for the usual traceback."""
@@ -270,7 +273,7 @@ class CheckCell:
                     f"The self-check above says what is wrong with your `{self.name}`. This check also runs "
                     f"your {them}, which " + ("fails its check:" if len(failing) == 1 else "fail their checks:")
                 )
-            from autograder.messages import without_tag
+            from autograder.messages import without_tag  # self-study only: a class student has no grader package
 
             lines = [head]
             for _, diagnosis in failing:
@@ -282,7 +285,7 @@ class CheckCell:
             lines.append(f"(The visible checks stopped at {stopped})")
             return lines
         if not self.outcome.passed and not isinstance(error, AssertionError):
-            from autograder.messages import without_tag
+            from autograder.messages import without_tag  # self-study only: a class student has no grader package
 
             return [
                 f"The visible checks could not run to the end ({stopped}).",
@@ -333,13 +336,12 @@ def show_solution(assignment: str, name: str, now: bool = False) -> None:
             "ask them, or read your feedback once your work is graded."
         )
         return
-    from IPython.display import display
 
     if now:
         display(_reference_or_refusal(assignment, name))
         return
     try:
-        import ipywidgets as widgets
+        import ipywidgets as widgets  # optional: a frontend without widgets gets the line below
     except ImportError:  # a frontend without widgets: the function typed by hand
         print(f'After a try of `{name}`, run show_solution("{assignment}", "{name}", now=True) for its reference.')
         return
@@ -364,7 +366,6 @@ def show_solution(assignment: str, name: str, now: bool = False) -> None:
 
 def _reference_or_refusal(assignment: str, name: str):
     """The reference cell of ``name`` as Markdown when it was tried (its progress is not "not tried"), else why not."""
-    from IPython.display import Markdown
 
     status = read_progress().get(assignment, {}).get(name, NOT_TRIED)
     if status == NOT_TRIED:
@@ -373,7 +374,7 @@ def _reference_or_refusal(assignment: str, name: str):
             "not a try) and run its check cell once, whatever the result; then ask again."
         )
     from autograder import reference  # self-study has the grader package (see self_study)
-    from autograder.exercises import exercise
+    from autograder.exercises import exercise  # self-study only: a class student has no grader package
 
     wanted = exercise(assignment, name).target or name
     solutions = course.solutions_root(assignment)
@@ -452,7 +453,6 @@ def progress(assignment: str | None = None) -> None:
     """Show which exercises pass, fail or are not tried yet; the whole course without ``assignment``."""
     if grading():
         return
-    from IPython.display import display
 
     handle = display(_Shown(*_view(assignment)), display_id=True)
     if handle is not None:

@@ -144,8 +144,8 @@ def encode(value, depth: int = 0, budget: list | None = None, codec: Codec | Non
     Learner outputs on their way out of the sandbox are encoded without a codec: an object
     of any other kind crosses as its type name only. With a ``codec``, objects of the
     reference's classes cross as descriptions (see the module's text)."""
-    import numpy
-    import torch
+    import numpy  # here: the grade command's process reads this module without torch
+    import torch  # here: the grade command's process reads this module without torch
 
     budget = budget if budget is not None else [MAX_ITEMS]
     _spend(budget)
@@ -201,7 +201,7 @@ def decode(data, depth: int = 0, budget: list | None = None, codec: Codec | None
     """The value ``encode`` described; outside the sandbox, on untrusted data (bounded: at most
     ``MAX_ITEMS`` objects, ``_MAX_DEPTH`` levels, tensors of the size their bytes say).
     Descriptions of objects need a ``codec``; without one they are refused."""
-    import torch
+    import torch  # here: the grade command's process reads this module without torch
 
     budget = budget if budget is not None else [MAX_ITEMS]
     _spend(budget)
@@ -267,7 +267,7 @@ def decode(data, depth: int = 0, budget: list | None = None, codec: Codec | None
 
 
 def _module_internals() -> frozenset:
-    from torch import nn
+    from torch import nn  # here: the grade command's process reads this module without torch
 
     return frozenset(vars(nn.Module())) | {"training"}
 
@@ -309,14 +309,14 @@ class Codec:
         raise ProtocolError("no objects are held here")
 
     def torch_ref(self, cls) -> str | None:
-        from torch import nn
+        from torch import nn  # here: the grade command's process reads this module without torch
 
         name = getattr(cls, "__name__", "")
         return f"torch:{name}" if isinstance(cls, type) and getattr(nn, name, None) is cls else None
 
     # ------------------------------------------------------------ out
     def describe(self, value, depth: int, budget: list):
-        from torch import nn
+        from torch import nn  # here: the grade command's process reads this module without torch
 
         remote = self.remote_handle(value)
         if remote is not None:
@@ -405,7 +405,7 @@ class Codec:
 
     def empty_module(self, cls):
         """An instance of the module class ``cls`` with nothing in it yet (its ``__init__`` not run)."""
-        from torch import nn
+        from torch import nn  # here: the grade command's process reads this module without torch
 
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise ProtocolError("malformed module")
@@ -420,8 +420,8 @@ class Codec:
 
     def fill_module(self, module, data: dict, depth: int, budget: list) -> None:
         """Give ``module`` (made by ``empty_module``) what ``data`` describes."""
-        import torch
-        from torch import nn
+        import torch  # here: the grade command's process reads this module without torch
+        from torch import nn  # here: the grade command's process reads this module without torch
 
         if depth > _MAX_DEPTH:
             raise ProtocolError("output nested too deeply")

@@ -125,15 +125,11 @@ def student_stubs(assignment: str) -> dict:
 
 
 def shown_by(function, *args, **kwargs) -> list:
-    """What ``function`` displays (IPython.display.display), in order."""
-    import IPython.display
-
-    shown, original = [], IPython.display.display
-    IPython.display.display = lambda *objects, **_: shown.extend(objects)
-    try:
+    """What ``function`` displays (self-study's ``display``, IPython's), in order."""
+    shown = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(selfstudy, "display", lambda *objects, **_: shown.extend(objects))
         function(*args, **kwargs)
-    finally:
-        IPython.display.display = original
     return shown
 
 
@@ -369,29 +365,18 @@ def test_a_check_that_fails_because_of_an_earlier_exercise_names_that_exercise(t
 
 
 def test_a_check_whose_own_set_up_raises_shows_the_diagnosis_not_a_traceback(tmp_path):
-    """08: an attend_with_cache that caches the repeated heads fails its hidden check (named), and
-    the visible check's own reading of the cache then raises a RuntimeError inside the check."""
-    [source] = [s for g, s in reference.source_cells("08_kv_cache") if g == "attend_with_cache"]
+    """08: a KVCache whose update forgets its `return` fails its hidden check (which says what it
+    raised, and where), and the visible check's own first step, `full_k, full_v = cache.update(...)`,
+    then raises a TypeError inside the check: the learner sees the diagnosis, not that traceback."""
+    [source] = [s for g, s in reference.source_cells("08_kv_cache") if g == "KVCache"]
     source = "\n".join(line for line in source.splitlines() if "### " not in line)
-    repeated = source.replace(
-        "k, v = cache.update(layer, k, v)",
-        "n_rep = attn.n_heads // attn.n_kv_heads\n"
-        "    k, v = cache.update(layer, repeat_kv(k, n_rep), repeat_kv(v, n_rep))\n"
-        "    n_rep = 1",
-    ).replace("    n_rep = attn.n_heads // attn.n_kv_heads\n    out", "    out")
-    assert repeated.count("repeat_kv(k, n_rep)") == 2
-    [kv_cache] = [s for g, s in reference.source_cells("08_kv_cache") if g == "KVCache"]
-    answers = {"KVCache": kv_cache, "attend_with_cache": repeated}
-    run = execute(
-        learner_notebook(tmp_path, "08_kv_cache", answers, ("KVCache", "attend_with_cache", "test_attend_with_cache"))
-    )
-    mistake = next(
-        m for m in exercise("08_kv_cache", "attend_with_cache").mistakes if m.id == "cache-holds-repeated-heads"
-    )
-    text = error_text(run, "test_attend_with_cache")
-    assert text.startswith("The visible checks could not run to the end (RuntimeError: ")
-    assert f"The self-check above says why: `attend_with_cache`: {mistake.name}." in text
-    assert "Traceback" not in text and "cache.update(" not in text
+    assert source.count("        return k, v\n") == 1
+    forgets = source.replace("        return k, v\n", "")
+    run = execute(learner_notebook(tmp_path, "08_kv_cache", {"KVCache": forgets}, ("KVCache", "test_KVCache")))
+    text = error_text(run, "test_KVCache")
+    assert text.startswith("The visible checks could not run to the end (TypeError: "), text
+    assert "The self-check above says why: `KVCache` raised TypeError" in text, text
+    assert "Traceback" not in text and "full_k, full_v" not in text
 
 
 def test_while_graded_a_check_cell_is_left_as_nbgrader_runs_it(tmp_path):

@@ -8,7 +8,11 @@ one comment line and reduces each error to its name and message, which the
 checks write for the learner.
 """
 
+import nbformat
 from nbconvert.preprocessors import Preprocessor
+from nbgrader import utils
+from nbgrader.converters import GenerateFeedback
+from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Unicode
 
@@ -77,7 +81,6 @@ class GivenGrades(NbGraderPreprocessor):
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
-        from nbgrader import utils
 
         grade_id = nbgrader_of(cell).get("grade_id")
         if utils.is_solution(cell) or utils.is_task(cell):
@@ -98,8 +101,6 @@ class FeedbackPages:
     """
 
     def __init__(self, config, from_gradebook: bool = False):
-        from nbgrader.converters import GenerateFeedback
-        from nbgrader.coursedir import CourseDirectory
 
         config = config.copy()
         if not from_gradebook:
@@ -122,7 +123,6 @@ class FeedbackPages:
         grades: dict | None = None,
         comments: dict | None = None,
     ) -> str:
-        import nbformat
 
         resources = {
             "unique_key": notebook,

@@ -7,6 +7,8 @@ asked for. ``apply_verdicts`` makes each grade cell's outputs agree with those r
 
 from __future__ import annotations
 
+from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
+
 from ..cells import error_output, graded_id
 from ..flags import CHECKS_MISSING, PATCHED_FUNCTIONS
 from ..messages import mistake_of, tagged, tampering_message
@@ -71,7 +73,6 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
 def grades_of(nb) -> tuple[dict, dict]:
     """What nbgrader's ``SaveAutoGrades`` writes for this autograded notebook, by its rules:
     ({grade cell id: [auto score, max points]}, {answer or task cell id: auto comment})."""
-    from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
     scores, comments = {}, {}
     for cell in nb.cells:
