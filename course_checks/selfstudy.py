@@ -28,9 +28,9 @@ recorded in ``.progress.json`` beside the notebook folders (ignored by git):
 ``NotImplementedError``) or not defined. ``progress`` reads the file each time it
 is shown, and updates live.
 
-While nbgrader grades or validates (``NBGRADER_EXECUTION`` is set) every
-function here returns at once and prints nothing: the hidden tests grade, no
-handler is set, and no line of this module can change a grade.
+While nbgrader grades or validates (``NBGRADER_EXECUTION`` is set, or the kernel is linked
+to ``./course grade``'s judge) every function here returns at once and prints nothing: the
+hidden tests grade, no handler is set, and no line of this module can change a grade.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
-from . import course
+from . import checks, course
 from .checks import Diagnosis, diagnose, judge_for
 from .compat import show_error
 from .files import write_atomically
@@ -53,8 +53,10 @@ NOT_TRIED, FAILS, PASSES = "not tried", "fails", "passes"
 
 
 def grading() -> bool:
-    """True while nbgrader (or ./course grade) runs the notebook: then nothing here acts."""
-    return bool(os.environ.get("NBGRADER_EXECUTION"))
+    """True while nbgrader (or ./course grade) runs the notebook: then nothing here acts. Under
+    ``./course grade`` the kernel's link to the grader says so, bound as the kernel started
+    (``checks._LINK``, sealed): a notebook that removes ``NBGRADER_EXECUTION`` changes nothing."""
+    return checks._LINK is not None or bool(os.environ.get("NBGRADER_EXECUTION"))
 
 
 def self_study(assignment: str) -> bool:

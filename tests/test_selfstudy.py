@@ -236,6 +236,20 @@ def test_while_nbgrader_grades_or_validates_nothing_happens(notebooks_folder, gr
     assert not (notebooks_folder / ".progress.json").exists()
 
 
+def test_under_the_grade_command_unsetting_nbgrader_execution_changes_nothing(notebooks_folder, monkeypatch):
+    """A kernel linked to the grader (``AUTOGRADER_VERDICTS`` read as it started) is graded whatever
+    its environment says later: a notebook that removes ``NBGRADER_EXECUTION`` wakes nothing here."""
+    from course_checks import checks
+
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    monkeypatch.setattr(checks, "_LINK", object())
+    namespace = learner_namespace("01_attention", NO_MAX_SOFTMAX)
+    assert selfstudy.grading()
+    assert printed(selfstudy.self_assess, "01_attention", "softmax", namespace) == ""
+    assert printed(selfstudy.show_solution, "01_attention", "softmax", True) == ""
+    assert not (notebooks_folder / ".progress.json").exists()
+
+
 def test_a_student_notebook_in_a_real_kernel_records_the_whole_check_cell(tmp_path):
     """The visible asserts count too: an answer that passes the hidden checks but not the
     visible ones is recorded as failing; the diagnosis and the class-mode line show in the outputs."""
