@@ -37,6 +37,10 @@ import dataclasses
 import io
 import sys
 import types
+import typing
+
+import torch
+from torch import nn
 
 from . import verdict
 from .cases import Shipment
@@ -136,7 +140,6 @@ class Given:
     # ------------------------------------------------------------ asking the grader
     def _ask(self, op: str, target: str, *, self_=None, args=(), kwargs=None, raw=False, rng=False, **fields):
         """The grader's answer for ``target``'s ``op`` on these inputs (decoded, unless ``raw``)."""
-        import torch
 
         tracer = sys.gettrace()
         if tracer is not None:  # a step counter (a probe) counts the learner's steps, not the wire's
@@ -255,8 +258,6 @@ def _members(given: Given, name: str, description: dict, encode_self) -> dict:
 
 
 def _module_class(given: Given, name: str, description: dict):
-    from torch import nn
-
     ref = f"answer:{name}"
 
     def __init__(self, *args, **kwargs):
@@ -340,8 +341,6 @@ def _attach(obj, given: Given, name: str, handle) -> None:
 
 
 def _dataclass(given: Given, name: str, description: dict):
-    import typing
-
     specs = []
     for entry in description.get("fields") or []:
         field_name, has_default, default = entry
@@ -403,8 +402,6 @@ class KernelCodec(verdict.Codec):
         return None
 
     def resolve(self, ref: str):
-        from torch import nn
-
         kind, _, name = ref.partition(":")
         if kind == "answer" and name in self.given._descriptions:
             return self.given._substitute(name)
@@ -490,8 +487,6 @@ class _CaseUnpickler(_Unpickler):
         return verdict.decode(described, codec=self.codec)
 
     def find_class(self, module: str, name: str):
-        import torch
-
         if module == "builtins" and name not in _SAFE_BUILTINS:
             raise ProtocolError(f"the grader sent builtins.{name}")
         if module.startswith("course_checks.") and module.split(".")[1] in ("cases", "scripts", "probes"):

@@ -27,8 +27,10 @@ answers on stdout, one JSON line each, until stdin closes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -36,7 +38,12 @@ import threading
 import time
 import types
 
+import torch
+from torch import nn
+
 from course_checks import verdict
+
+from .. import reference
 
 OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
 _DUNDERS = ("__len__", "__getitem__", "__setitem__", "__contains__", "__call__")
@@ -88,8 +95,6 @@ class ReferenceCodec(verdict.Codec):
         return found
 
     def resolve(self, ref: str):
-        from torch import nn
-
         kind, _, name = ref.partition(":")
         if kind in ("answer", "setup"):
             value = vars(self.ref).get(name)
@@ -101,9 +106,6 @@ class ReferenceCodec(verdict.Codec):
 
     def held(self, obj) -> bool:
         """Whether ``obj`` is an object of an answer class that lives on this side (not data)."""
-        import dataclasses
-
-        from torch import nn
 
         ref = self.refs.get(id(type(obj)))
         return bool(ref and ref.startswith("answer:")) and not (
@@ -137,9 +139,6 @@ class ReferenceCodec(verdict.Codec):
 def describe_answer(value) -> dict:
     """What a kernel needs to make the substitute for an answer class or function: its kind, and
     the names of its methods and properties (a dataclass: its fields and their defaults). No code."""
-    import dataclasses
-
-    from torch import nn
 
     if not isinstance(value, type):
         return {"kind": "function"}
@@ -189,8 +188,6 @@ class Oracle:
         self.sessions: dict[str, Session] = {}
 
     def load(self, key: str, assignment: str, cells, answers) -> None:
-        from autograder import reference
-
         if key not in self.refs:
             self.refs[key] = (reference.from_cells(assignment, cells), frozenset(answers))
 
@@ -210,11 +207,6 @@ class Oracle:
             return {"error": {"type": type(error).__name__, "message": str(error)[:4000]}}
 
     def _answer(self, key: str, session_id: str, line: bytes) -> dict:
-        import dataclasses
-
-        import torch
-        from torch import nn
-
         request = verdict.parse_line(line)
         ref, answers = self.refs[key]
         op, target = request.get("op"), request.get("target")
@@ -291,7 +283,6 @@ def _recorder(calls: list, index: int):
 def _limit_memory(megabytes: int) -> None:
     """This process may take ``megabytes`` more address space than it has now (torch and the
     reference loaded): a request that needs more fails with MemoryError."""
-    import resource
 
     try:
         with open("/proc/self/status") as status:
@@ -306,10 +297,7 @@ def _limit_memory(megabytes: int) -> None:
 
 
 def main(config: dict) -> None:
-    import torch
-
     torch.set_num_threads(1)
-    import autograder.reference  # noqa: F401  (before the limit: what answering needs, loaded now)
 
     _limit_memory(int(config.get("memory_mb", 2048)))
     oracle = Oracle()
