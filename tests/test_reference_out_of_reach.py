@@ -28,11 +28,13 @@ import base64
 import hashlib
 import json
 import re
+import tempfile
 import zlib
+from pathlib import Path
 
 import nbformat
 import pytest
-from grading_harness import Course, grade, grade_cells, reference_answers, sandbox_works
+from grading_harness import NOTEBOOKS, Course, grade, grade_cells, reference_answers, sandbox_works
 
 from autograder.flags import REVIEW_FLAGS
 
@@ -139,7 +141,7 @@ def _scan(where):
             found.append(f"{where}: the catalogue can be imported")
     except Exception:
         pass
-    for top in {"/tmp", os.getcwd(), os.environ.get("HOME", "/tmp")}:
+    for top in _NEEDLES.get("tops") or {"/tmp", os.getcwd(), os.environ.get("HOME", "/tmp")}:
         for folder, _, names in os.walk(top):
             for name in names[:500]:
                 path = os.path.join(folder, name)
@@ -304,3 +306,27 @@ def test_the_rewritten_reference_gets_full_marks_through_the_substitutes(graded,
         .fetchone()[0]
     )["flags"]
     assert not set(flags) & REVIEW_FLAGS, flags
+
+
+def test_the_scan_finds_the_reference_where_it_is():
+    """The scan can fail: the reference's code and text, put where a kernel could reach them (a
+    function compiled from its cells, its source in a variable, a file), are each reported."""
+    released = nbformat.read(NOTEBOOKS / "01_attention" / "01_attention.ipynb", as_version=4)
+    shown = "\n".join(cell.source for cell in released.cells)
+    hidden = needles("01_attention", shown, "")
+    namespace: dict = {"_NEEDLES": hidden}
+    exec(SCANNER, namespace)
+    source = reference_answers("01_attention")["softmax"]
+    kept: dict = {}
+    exec(compile(source, "<answer>", "exec"), {"torch": __import__("torch")}, kept)
+    compiled_as_reference = compile(source, "<reference 01_attention>", "exec")
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "stash.txt").write_text(source)
+        hidden["tops"] = [folder]
+        namespace["_scan"]("here")
+    found = namespace["_STATE"]["found"]
+    assert any("the bytecode of the reference's softmax" in item for item in found), found
+    assert any("code compiled as <reference 01_attention>" in item for item in found), found
+    assert any("a string holding the reference's line" in item for item in found), found
+    assert any("stash.txt holds the reference's line" in item for item in found), found
+    del kept, compiled_as_reference
