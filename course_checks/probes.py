@@ -24,6 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Bound now (the warm interpreter imports this module before any notebook): a notebook that
+# swaps ``sys.settrace`` / ``sys.gettrace`` afterwards cannot keep a probe from counting.
+_settrace, _gettrace = sys.settrace, sys.gettrace
+
 
 def _is_view_error(error: BaseException) -> bool:
     """True for torch's error when .view cannot merge the axes of a non-contiguous tensor."""
@@ -218,14 +222,14 @@ class HeadLoop:
                 frame.f_trace_opcodes = True
             return trace
 
-        previous = sys.gettrace()
-        sys.settrace(trace)
+        previous = _gettrace()
+        _settrace(trace)
         try:
             with torch.no_grad():
                 module(x)
         finally:
-            current = sys.gettrace()
-            sys.settrace(previous)
+            current = _gettrace()
+            _settrace(previous)
         if current is not trace:
             raise _TracerRemoved()
         return counts

@@ -46,6 +46,10 @@ from . import verdict
 from .cases import Shipment
 from .modules import module_from_cells
 
+# Bound now (the warm interpreter imports this module before any notebook): a notebook that
+# swaps ``sys.settrace`` / ``sys.gettrace`` afterwards changes nothing here.
+_settrace, _gettrace = sys.settrace, sys.gettrace
+
 # Exceptions of the reference that reach the learner's code as themselves; others as RuntimeError.
 _ERRORS = {
     name: getattr(builtins, name)
@@ -141,9 +145,9 @@ class Given:
     def _ask(self, op: str, target: str, *, self_=None, args=(), kwargs=None, raw=False, rng=False, **fields):
         """The grader's answer for ``target``'s ``op`` on these inputs (decoded, unless ``raw``)."""
 
-        tracer = sys.gettrace()
+        tracer = _gettrace()
         if tracer is not None:  # a step counter (a probe) counts the learner's steps, not the wire's
-            sys.settrace(None)
+            _settrace(None)
         try:
             codec = KernelCodec(self)
             budget = [verdict.MAX_ITEMS]
@@ -171,7 +175,7 @@ class Given:
             return value
         finally:
             if tracer is not None:
-                sys.settrace(tracer)
+                _settrace(tracer)
 
 
 ProtocolError = verdict.ProtocolError
@@ -468,6 +472,7 @@ def _same_class(a: type, b: type) -> bool:
 
 
 _Unpickler = _pickle.Unpickler  # the C unpickler, bound now
+_BytesIO = io.BytesIO
 _SAFE_BUILTINS = frozenset(
     "tuple list dict set frozenset slice range complex int float bool str bytes bytearray object".split()
 )
@@ -504,7 +509,7 @@ class _CaseUnpickler(_Unpickler):
 
 def unpack(text: str, codec: KernelCodec | None = None):
     """Cases or probes as the grader pickled them (trusted data, from outside the sandbox)."""
-    return _CaseUnpickler(io.BytesIO(verdict.b64decode(text)), codec).load()
+    return _CaseUnpickler(_BytesIO(verdict.b64decode(text)), codec).load()
 
 
 # ---------------------------------------------------------------- the judge outside

@@ -7,8 +7,13 @@ check that finds anything refuses to give points, because any comparison it
 made afterwards could be fooled.
 """
 
+import ast
 import base64
 import builtins
+import copy
+import dataclasses
+import inspect
+import io
 import json
 import json.decoder
 import json.encoder
@@ -16,6 +21,7 @@ import math
 import pickle
 import socket
 import sys
+import textwrap
 import types
 
 import numpy
@@ -42,6 +48,13 @@ _MODULES = {
     "base64": base64,
     "pickle": pickle,
     "socket": socket,
+    # the standard library the kernel side's cases, probes and substitutes call
+    "ast": ast,
+    "inspect": inspect,
+    "textwrap": textwrap,
+    "io": io,
+    "copy": copy,
+    "dataclasses": dataclasses,
 }
 # ipykernel itself swaps builtins such as input() on every execution, so only
 # the builtins that the checks call are watched.

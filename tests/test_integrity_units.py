@@ -284,11 +284,43 @@ def _forked(code: str) -> str:
         ("import autograder.compare as c\nc.close = lambda *a: None", "autograder.compare.close"),
         ("import course_checks.cases as c\nc.Case.run = lambda self, f: 0", "Case.run"),
         ("import autograder.local_judge as j\nj.LocalJudge.result = lambda *a: None", "LocalJudge.result"),
+        # the standard library the kernel side's cases, probes and substitutes call
+        ("import ast\nast.walk = lambda node: iter(())", "ast.walk"),
+        ("import inspect\ninspect.getsource = lambda f: ''", "inspect.getsource"),
+        ("import textwrap\ntextwrap.dedent = str", "textwrap.dedent"),
+        ("import io\nio.BytesIO = list", "io.BytesIO"),
+        ("import copy\ncopy.deepcopy = lambda x, memo=None: x", "copy.deepcopy"),
+        ("import dataclasses\ndataclasses.fields = lambda c: ()", "dataclasses.fields"),
     ],
 )
 def test_changes_to_the_grading_helpers_are_detected(code, found):
     assert checks._replaced() == []
     assert found in _forked(code)
+
+
+def test_the_head_loop_probe_counts_with_the_tracer_it_bound_before_student_code(monkeypatch):
+    """A notebook that swaps ``sys.settrace`` / ``sys.gettrace`` (keeping the counter instead of
+    installing it, and handing it back when asked) leaves the probe counting: it bound them when
+    it was imported, before any student code."""
+    from torch import nn
+
+    from course_checks import probes
+
+    kept = []
+    monkeypatch.setattr(sys, "settrace", kept.append)
+    monkeypatch.setattr(sys, "gettrace", lambda: kept[-1] if kept else None)
+
+    class Looping(nn.Module):
+        def __init__(self, width, n_heads):
+            super().__init__()
+            self.n_heads, self.proj = n_heads, nn.Linear(width, width)
+
+        def forward(self, x):
+            return sum(self.proj(x) / (h + 1) for h in range(self.n_heads))
+
+    few, many = (probes.HeadLoop().steps(Looping, h) for h in (2, 8))
+    assert sum(many.values()) > sum(few.values()) > 0
+    assert kept == []
 
 
 def test_the_wire_writes_and_reads_with_what_it_bound_before_student_code():
