@@ -82,8 +82,9 @@ def _line_found(text):
     for line in text.splitlines():
         line = line.strip()
         if len(line) >= _NEEDLES["min"]:
-            shas = _LINES.get(zlib.crc32(line.encode()))
-            if shas and hashlib.sha256(line.encode()).hexdigest() in shas:
+            data = line.encode("utf-8", "surrogatepass")  # any str a process holds, lone surrogates too
+            shas = _LINES.get(zlib.crc32(data))
+            if shas and hashlib.sha256(data).hexdigest() in shas:
                 return line[:60]
     return None
 
