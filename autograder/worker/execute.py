@@ -199,6 +199,7 @@ class Execution:
     faults: list[Fault] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)  # cells whose printed output was cut
     stray_processes: int = 0  # processes cells left behind, killed
+    errored: list[int] = field(default_factory=list)  # cells whose last run the kernel said ended in an error
 
 
 class ContainedExecute(Execute):
@@ -234,8 +235,17 @@ class ContainedExecute(Execute):
         self._printed: dict[int, int] = {}
         self._cut: set[int] = set()
         self._kernel_count = 0
+        self._errored: set[int] = set()
+        self.on_cell_executed = self._note_reply
 
     # ------------------------------------------------------------ nbclient hooks
+    def _note_reply(self, cell, cell_index, execute_reply):
+        """Which cells the kernel's execute_reply says ended in an error (the last run of each counts)."""
+        if (execute_reply or {}).get("content", {}).get("status") == "ok":
+            self._errored.discard(cell_index)
+        else:
+            self._errored.add(cell_index)
+
     async def _async_handle_timeout(self, timeout, cell=None):
         self._timed_out = True
         return await super()._async_handle_timeout(timeout, cell)
@@ -479,6 +489,7 @@ class ContainedExecute(Execute):
                     report.faults.append(Fault(index, "not-run", stop_reason))
         report.stray_processes += self._swept
         report.cell_cpu_seconds = self._cell_cpu
+        report.errored = sorted(self._errored)
         for index in sorted(self._cut):
             report.truncated.append(index)
             note = (
