@@ -381,7 +381,9 @@ class ContainedExecute(Execute):
         if self.server is not None:
             self.server.start_cell(graded_id(cell))
         try:
-            await self.async_execute_cell(cell, index, store_history=True)
+            # Test cells (the only ones holding hidden tests) stay out of the kernel's input history:
+            # In, _ih, _i and %history show no hidden code to a cell that prints them.
+            await self.async_execute_cell(cell, index, store_history=graded_id(cell) is None)
         except CellTimeoutError:
             return "hung"
         except (DeadKernelError, SandboxGone):

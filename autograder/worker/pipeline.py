@@ -13,7 +13,7 @@ The steps run in the order of ``STEPS``, each a function of the notebook's ``Gra
 steps before it left), as nbgrader declares its converters' preprocessors: a step is added by
 adding a line. A step that finds the submission cannot be graded raises ``Rejected``; the
 released notebook then stands in for it and only ``finish`` runs. No step before ``execute``
-runs student code.
+runs student code; after it, ``inert`` leaves the graded notebook nothing a browser would run.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ..records import Job, Rejected, Result
 from ..sandboxing.bubblewrap import WarmSandbox, kernel_environment
 from . import judge, tamper
 from .execute import ContainedExecute
-from .feedback import FeedbackPages
+from .feedback import FeedbackPages, inert_notebook
 from .read import read_submission, rejected_notebook
 from .sanitize import sanitize
 from .verdicts import apply_verdicts, decided_scores, disagreements, grades_of
@@ -145,7 +145,13 @@ def limit_outputs(g: Grading) -> None:
     g.nb, g.resources = LimitOutput().preprocess(g.nb, g.resources)
 
 
-STEPS = [read, restore, inspect, sanitize_cells, execute, verdicts, limit_outputs]
+def inert(g: Grading) -> None:
+    """Nothing of the submission that a browser would run in the graded notebook (the formgrader shows
+    it, the feedback page is made from it): markdown and outputs kept to an allow-list."""
+    inert_notebook(g.nb, g.job.spec.released)
+
+
+STEPS = [read, restore, inspect, sanitize_cells, execute, verdicts, limit_outputs, inert]
 
 
 # ---------------------------------------------------------------- the unit of work
