@@ -264,8 +264,8 @@ class GivenGrades(NbGraderPreprocessor):
 
     ``GetGrades`` reads each cell's score and comment, and the notebook's total,
     from the gradebook that ``SaveAutoGrades`` has just written. A grading worker
-    has no gradebook; it has what ``SaveAutoGrades`` will write, computed by the
-    same rules (``autograder.worker.verdicts.grades_of``): ``resources["nbgrader"]["grades"]``
+    has no gradebook; it has what the writer will write (``autograder.worker.verdicts.grades_of``:
+    each test cell's points from the verdicts): ``resources["nbgrader"]["grades"]``
     ({grade id: [score, max]}) and ``["comments"]`` ({grade id: auto comment}).
     The result is the page ``generate_feedback`` gives when nobody has graded by
     hand and nothing is late; when the gradebook holds more, the writer renders
