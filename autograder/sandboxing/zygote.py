@@ -237,11 +237,12 @@ def _plain_python_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def interpreter_state() -> dict:
+def interpreter_state(own_ipc: bool = True) -> dict:
     """What no kernel may change in the interpreter that forks it, as the interpreter sees it: its
     resource limits, priority, CPUs and out-of-memory score, and what its IPC namespace holds (System V
-    shared memory, semaphores and message queues; POSIX shared memory files). Compared after every
-    notebook with what it was when the interpreter became ready (``Zygote.handle``, ``reset``)."""
+    shared memory, semaphores and message queues; POSIX shared memory files: only when the namespace is
+    its own, in the sandbox, not the machine's). Compared after every notebook with what it was when the
+    interpreter became ready (``Zygote.handle``, ``reset``)."""
 
     def read(path: str) -> str | None:
         try:
@@ -269,8 +270,8 @@ def interpreter_state() -> dict:
         "autogroup nice": autogroup.rsplit(" ", 1)[-1] if autogroup else None,
         "cpus": sorted(os.sched_getaffinity(0)),
         "oom score": read("/proc/self/oom_score_adj"),
-        "System V IPC": ipc,
-        "POSIX shared memory": shared,
+        "System V IPC": ipc if own_ipc else None,
+        "POSIX shared memory": shared if own_ipc else None,
     }
 
 
@@ -283,7 +284,7 @@ class Zygote:
         # Orphans come to this process (the kernels' inits, once their starter has ended), so it alone
         # learns when a kernel has ended.
         prctl(PR_SET_CHILD_SUBREAPER, 1)
-        self.baseline = interpreter_state()
+        self.baseline = interpreter_state(self.config.get("pid_namespace", True))
 
     # ------------------------------------------------------------ processes
     def _others(self, keep: set[int]) -> list[int]:
@@ -580,7 +581,7 @@ class Zygote:
             for folder in self.config.get("wipe", []):
                 clean = _wipe(folder, keep, budget) and clean
             # Nothing a notebook did may outlive it here: the interpreter is as it was before the first.
-            now = interpreter_state()
+            now = interpreter_state(self.config.get("pid_namespace", True))
             changed = [what for what, value in self.baseline.items() if now.get(what) != value]
             return {"killed": killed, "cpu": cpu, "clean": clean and not changed, "changed": changed}
         if op == "ping":
