@@ -328,6 +328,90 @@ def _as_nobody(python: Path, folder: Path) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+def plain_kernels(folder: str) -> dict:
+    """Two notebooks on one worker where no user namespace can be made: the hostile catalogue's
+    ``changes-its-interpreter`` cell, then the same again; what each kernel says of its parent, what
+    the attack printed, and the worker's log."""
+    import nbformat
+    import yaml
+
+    from autograder.sandboxing.bubblewrap import kernel_environment
+    from autograder.worker.execute import ContainedExecute
+
+    attack = next(
+        entry["code"]
+        for entry in yaml.safe_load((REPOSITORY / "tests" / "hostile" / "catalogue.yml").read_text())
+        if entry["id"] == "changes-its-interpreter"
+    )
+    root = Path(folder)
+    (root / "course").mkdir()
+    sandbox = WarmSandbox(claim_slot(), root / "course", Limits(), sandboxed=True, base_dir=root / "run")
+    seen = {"parents": [], "attacks": [], "launches": []}
+    try:
+        sandbox.start()
+        for _ in range(2):
+            cells = [nbformat.v4.new_code_cell(code) for code in ("import os; print(os.getppid())", attack)]
+            notebook = nbformat.v4.new_notebook(cells=cells)
+            executor = ContainedExecute(sandbox, Limits(), str(sandbox.work_dir("a")), kernel_environment(None), [])
+            execution = executor.run(notebook)
+            assert not execution.faults, execution.faults
+            seen["parents"].append(int(notebook.cells[0].outputs[0]["text"]))
+            seen["attacks"].append(notebook.cells[1].outputs[0]["text"])
+            seen["launches"].append(sandbox.launches)
+        seen["log"] = sandbox.log_tail(40)
+    finally:
+        sandbox.close()
+    return seen
+
+
+# In a user namespace of its own that maps root's first 65536 users and groups to themselves (so that
+# the sandbox runs as it does as root) and allows no further user namespace.
+WITHOUT_USER_NAMESPACES = """
+import ctypes, json, os, sys, time
+reader, writer = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(writer)
+    if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:  # CLONE_NEWUSER
+        os._exit(3)
+    os.read(reader, 1)
+    with open("/proc/sys/user/max_user_namespaces", "w") as handle:
+        handle.write("0")
+    sys.path.insert(0, "tests")
+    import test_integrity_units as t
+    print("RESULT", json.dumps(t.plain_kernels(FOLDER)), flush=True)
+    os._exit(0)
+os.close(reader)
+while os.readlink(f"/proc/{child}/ns/user") == os.readlink("/proc/self/ns/user"):
+    time.sleep(0.001)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{child}/{name}", "w") as handle:
+        handle.write("0 0 65536")
+os.write(writer, b"x")
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+"""
+
+
+@pytest.mark.skipif(bool(SANDBOX_PROBLEM) or os.geteuid() != 0, reason="as root, with bubblewrap")
+def test_where_user_namespaces_are_not_allowed_kernels_are_plain_children(tmp_path):
+    """Where no user namespace can be made (``user.max_user_namespaces`` 0 here; Ubuntu's AppArmor
+    default for an ordinary user), each kernel is a plain child of its interpreter, the worker's log says
+    so once per interpreter, and the check after the notebook still finds what the kernel changed and
+    replaces the interpreter before the next notebook."""
+    program = WITHOUT_USER_NAMESPACES.replace("FOLDER", repr(str(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPOSITORY, capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, (result.returncode, result.stderr[-3000:])
+    seen = json.loads(lines[-1][len("RESULT ") :])
+    assert all(parent != 1 for parent in seen["parents"]), seen  # no pid namespace of its own
+    assert all("tried on" in attack for attack in seen["attacks"]), seen
+    assert seen["launches"] == [1, 2], seen  # replaced after the first notebook
+    assert seen["log"].count("kernels run without namespaces of their own") == 2, seen["log"]
+    assert seen["log"].count("changed during a notebook") == 2, seen["log"]
+
+
 @pytest.mark.skipif(
     bool(SANDBOX_PROBLEM) or os.geteuid() != 0 or not shutil.which("nsenter") or not shutil.which("ipcmk"),
     reason="the sandbox host runs as root, with bubblewrap; util-linux's nsenter and ipcmk",

@@ -29,7 +29,9 @@ name this process by (so no ``kill``, ``prlimit``, ``setpriority``,
 ``/dev/shm`` go with it. ``reset`` then compares this process's limits,
 priority, CPUs, out-of-memory score and IPC namespace with what they were before
 the first notebook (``interpreter_state``) and says when they differ; the grader
-replaces it then.
+replaces it then. Where user namespaces are not allowed, kernels are plain
+children of this process (the worker's log says so once) and only that
+comparison protects it.
 
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
@@ -391,13 +393,8 @@ class Zygote:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as handle:
                 handle.write(bytes.fromhex(text))
-        if not self.config.get("pid_namespace", True):  # unsandboxed: a plain child, as Jupyter starts one
-            pid = os.fork()
-            if pid == 0:
-                _child(lambda: self._become_kernel(request, contained=False), "kernel start")
-            self.children[pid] = None
-            self.kernels[pid] = pid
-            return {"pid": pid, "isolated": False}
+        if not self.config.get("pid_namespace", True) or self.isolated is False:
+            return self._spawn_plain(request)
         # In the sandbox: a starter leaves for namespaces of its own below this process's and forks the
         # kernel's init there, which forks the kernel. The starter says which process the init is and
         # ends; the init is then this process's child (a subreaper's) and the kernel its only child.
@@ -410,16 +407,16 @@ class Zygote:
         with os.fdopen(reader, "r") as pipe:
             line = pipe.readline().split()
         os.waitpid(starter, 0)
+        if line == ["0", "0"]:
+            # No user namespaces here: kernels are plain children from now on, and only the check after
+            # every notebook protects this interpreter. Said once, in the worker's log.
+            sys.stderr.write("kernels run without namespaces of their own: user namespaces are not allowed here\n")
+            self.isolated = False
+            return self._spawn_plain(request)
         if len(line) != 2:
             raise RuntimeError("the kernel's namespaces could not be made (see the worker's log)")
-        init, isolated = int(line[0]), line[1] == "1"
+        init, self.isolated = int(line[0]), True
         self.children[init] = None
-        if self.isolated is None and not isolated:
-            sys.stderr.write(
-                "kernels run without namespaces of their own (user namespaces are not allowed here): "
-                "only the checks after every notebook protect this interpreter\n"
-            )
-        self.isolated = isolated
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -429,35 +426,49 @@ class Zygote:
                 found = []
             if found:
                 self.kernels[int(found[0])] = init
-                return {"pid": int(found[0]), "isolated": isolated}
+                return {"pid": int(found[0]), "isolated": True}
             self._reap()
             if self.children.get(init) is not None:
                 break
             time.sleep(0.001)
         raise RuntimeError("the kernel's init ended before it started the kernel (see the worker's log)")
 
+    def _spawn_plain(self, request: dict) -> dict:
+        """A kernel as a plain child (unsandboxed, as Jupyter starts one; or where namespaces fail)."""
+        pid = os.fork()
+        if pid == 0:
+            _child(lambda: self._become_kernel(request, contained=False), "kernel start")
+        self.children[pid] = None
+        self.kernels[pid] = pid
+        return {"pid": pid, "isolated": False}
+
     def _start_contained(self, request: dict, writer: int) -> None:
         """In the starter: new user, pid, mount and IPC namespaces, then the kernel's init."""
         prctl(PR_SET_DUMPABLE, 1)  # its /proc/self files (the namespace's id maps) are then its own to write
-        isolated = own_user_namespace()
+        try:
+            allowed = own_user_namespace()
+        except OSError as error:  # made, but holding no capability (Ubuntu's AppArmor restriction, say)
+            sys.stderr.write(f"a kernel's namespaces: {error}\n")
+            allowed = False
+        if not allowed:
+            os.write(writer, b"0 0\n")  # not allowed here: the interpreter starts a plain child instead
+            return
         init = os.fork()  # the first process of the new pid namespace: its pid 1
         if init:
-            os.write(writer, f"{init} {int(isolated)}\n".encode())
+            os.write(writer, f"{init} 1\n".encode())
             return
         os.close(writer)
-        if isolated:
-            self._kernel_mounts()
+        self._kernel_mounts()
         kernel = os.fork()
         if kernel == 0:
-            _child(lambda: self._become_kernel(request, contained=isolated), "kernel start")
+            _child(lambda: self._become_kernel(request, contained=True), "kernel start")
         # The init: nothing but reaping what ends in the namespace, until the kernel ends. It holds no
         # capability and cannot be ptraced; as a pid namespace's init, no signal from inside reaches it.
         null = os.open(os.devnull, os.O_RDWR)
         for number in (0, 1):
             os.dup2(null, number)
         os.closerange(3, 1 << 16)
-        if isolated:
-            drop_capabilities()
+        drop_capabilities()
         prctl(PR_SET_DUMPABLE, 0)
         while True:
             try:
@@ -471,16 +482,16 @@ class Zygote:
         """In the kernel's init: a /proc of the kernel's own processes (where the sandbox's mounts allow
         it: where they do not, the interpreter is still out of reach, its /proc files belong to root),
         and a /dev/shm of its own, gone with it."""
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        try:
-            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        except OSError:
-            pass
         size = self.config.get("scratch_bytes", 512 * 1024 * 1024)
-        try:
-            mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777")
-        except OSError:
-            pass
+        for what in (
+            lambda: mount(None, "/", None, MS_REC | MS_PRIVATE),  # nothing mounted here reaches back
+            lambda: mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC),
+            lambda: mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777"),
+        ):
+            try:
+                what()
+            except OSError:
+                pass
 
     def _become_kernel(self, request: dict, contained: bool) -> None:
         """In the forked child: own session, limits, folder, environment; then ipykernel."""
