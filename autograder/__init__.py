@@ -30,6 +30,7 @@ Laid out by the process each part runs in, lowest floor first:
 
 from pathlib import Path
 
-# The checkout this grader runs from (an editable install): the default course folder, and the
-# folder beside which grading workers find assets/.
+# The checkout this grader runs from (an editable install): ./course generate's course, the
+# default solutions/ of ``reference``, and a Dask worker's course root (assets/). The grade command
+# grades the course folder it runs in (``engine.plan.read_course``), installed or not.
 REPOSITORY = Path(__file__).resolve().parent.parent

@@ -1,11 +1,12 @@
 """Comparing a learner's outputs with the reference's, and naming the mistake when they differ.
 
 ``close`` says in words how one output differs from the expected one (its
-kind, shape, values); ``disagreement`` goes over every case of an exercise and,
-when some differ, looks through the exercise's catalogue of known mistakes for
-one whose mutant reproduces every difference. Under ``./course grade`` it runs only
-outside the sandbox, in the judge (``autograder.worker.judge``); under stock nbgrader
-and in self-study, in the learner's kernel (``autograder.local_judge``).
+kind, shape, values; which item of a tuple, by the name its case gives it);
+``disagreement`` goes over every case of an exercise and, when some differ,
+looks through the exercise's catalogue of known mistakes for one whose mutant
+reproduces every difference. Under ``./course grade`` it runs only outside the
+sandbox, in the judge (``autograder.worker.judge``); under stock nbgrader and
+in self-study, in the learner's kernel (``autograder.local_judge``).
 
 A message about a catalogued mistake ends with its ``[mistake:<id>]`` (``messages``).
 """
@@ -13,6 +14,9 @@ A message about a catalogued mistake ends with its ``[mistake:<id>]`` (``message
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+
+import torch
 
 from course_checks import trusted
 from course_checks.cases import Case
@@ -22,26 +26,28 @@ from .messages import tagged
 
 
 def _as_tensor(value):
-    import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach()
     return trusted.as_tensor(value)
 
 
-def close(actual, expected, atol: float, rtol: float) -> str | None:
-    """None when ``actual`` matches ``expected``; otherwise what differs, in words."""
-    import torch
+def close(actual, expected, atol: float, rtol: float, names: Sequence[str] = ()) -> str | None:
+    """None when ``actual`` matches ``expected``; otherwise what differs, in words.
+
+    A tuple's items are named by ``names`` when it names them all (a case's ``item_names``,
+    e.g. "the keys update 3 returned"), else "item 0", "item 1", ..."""
 
     if isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             return (
                 f"returned {type(actual).__name__} where a {len(expected)}-item {type(expected).__name__} was expected"
             )
-        for index, (a, e) in enumerate(zip(actual, expected)):
+        names = list(names) if len(names) == len(expected) else [f"item {i}" for i in range(len(expected))]
+        for name, a, e in zip(names, actual, expected):
             problem = close(a, e, atol, rtol)
             if problem:
-                return f"item {index}: {problem}"
+                return f"{name}: {problem}"
         return None
     if isinstance(expected, (int, float, bool)) and not isinstance(actual, torch.Tensor):
         try:
@@ -104,6 +110,15 @@ def kind_problem(actual, expected, strict: bool = True) -> str | None:
     return None
 
 
+def item_names(case: Case) -> Sequence[str]:
+    """What each item of ``case``'s output is, when the output is a tuple and the case says so
+    (an optional ``item_names`` of the catalogue's case classes); () otherwise."""
+    try:
+        return tuple(getattr(case, "item_names", ()))
+    except Exception:  # a case that cannot name its items: numbered, as any other
+        return ()
+
+
 def run_case(function, case: Case):
     """(output, None) or (None, exception)."""
     try:
@@ -142,7 +157,7 @@ def disagreement(exercise: Exercise, cases, outputs, expected, ref, predict=None
     failing = []  # (index, case, learner output) where it differs from the reference
     first_problem = None
     for index, (case, actual, wanted) in enumerate(zip(cases, outputs, expected)):
-        problem = close(actual, wanted, exercise.atol, exercise.rtol)
+        problem = close(actual, wanted, exercise.atol, exercise.rtol, item_names(case))
         if problem:
             failing.append((index, case, actual))
             first_problem = first_problem or f"on {case.label}: {problem}"

@@ -5,7 +5,8 @@
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
     ./course grade --workers 4 --cell-timeout 60 --force
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
-    python -m autograder.grade ...         # the same, from a course folder (its nbgrader_config.py)
+    course-grade ...                       # the same, installed (pip): from a course folder
+    python -m autograder.grade ...         # the same (a course folder: its nbgrader_config.py)
 
 This module is the command line; ``main`` reads as its steps, each in ``engine``: read the
 course (``plan.read_course``), try every place the run will write (``plan.check_outputs``),
@@ -26,6 +27,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .engine.collect import collect
@@ -54,7 +56,9 @@ def default_workers() -> int:
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="./course grade", description=__doc__.split("\n\n")[0])
+    # named as the instructor called it: ./course grade, or the installed console script
+    prog = "course-grade" if Path(sys.argv[0]).name == "course-grade" else "./course grade"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
     parser.add_argument(
         "--from",
@@ -135,7 +139,7 @@ def main(argv=None) -> int:
 
 def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) -> int:
     from .engine.report import export_csv, summary, write_report  # matplotlib: imported as the run ends
-    from .engine.writer import Ledger
+    from .engine.writer import Ledger  # here: the grade command starts without it
 
     trace("configuration read, sandbox probed")
     try:
@@ -205,7 +209,6 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
 def quiet_library_warnings() -> None:
     """nbgrader's own API warns on every new submission (SQLAlchemy autoflush), nbformat on
     duplicated cell ids (which a submission may well have): noise on the instructor's screen."""
-    import warnings
 
     warnings.filterwarnings("ignore", message=".*not in session.*")
     warnings.filterwarnings("ignore", message=".*Non-unique cell id.*")

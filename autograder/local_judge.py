@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from course_checks.cases import Shipment, observe
+from course_checks.cases import Shipment, check_properties, observe
 
 from . import compare, messages, reference
 from .exercises import exercise as find_exercise
@@ -68,10 +68,9 @@ def judge_function(exercise, learner, ref, cases=None) -> str | None:
     properties, then every case (``exercise.cases(ref)`` unless given), in this process. For tests and
     tools that hold a function, not a kernel."""
     target = exercise.target or exercise.name
-    for prop in exercise.properties:
-        problem = prop(learner, ref)
-        if problem:
-            return messages.finish(target, problem)
+    seen = check_properties(target, learner, exercise.properties, ref)
+    if seen.problem:
+        return messages.finish(target, seen.problem)
     cases = list(exercise.cases(ref)) if cases is None else list(cases)
     seen = observe(target, learner, cases)
     if seen.problem:

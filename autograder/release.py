@@ -34,7 +34,7 @@ def assignments() -> list[str]:
 
 def course_config(course_root: Path, release_dir: Path):
     """The repository's nbgrader configuration, pointed at another root and release folder."""
-    from traitlets.config.loader import PyFileConfigLoader
+    from traitlets.config.loader import PyFileConfigLoader  # here: the grade command starts without it
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(REPOSITORY)).load_config()
     config.CourseDirectory.root = str(course_root)
@@ -44,8 +44,8 @@ def course_config(course_root: Path, release_dir: Path):
 
 def generate(assignment_ids: list[str], release_dir: Path) -> None:
     """Run nbgrader generate_assignment for each assignment into ``release_dir``."""
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.apps import NbGraderAPI  # here: the grade command starts without it
+    from nbgrader.coursedir import CourseDirectory  # here: the grade command starts without it
 
     # nbgrader runs `alembic` by name: make this interpreter's scripts findable
     # even when the virtual environment is not activated.

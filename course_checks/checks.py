@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import course, trusted, verdict
-from .cases import Observation, observe
+from .cases import check_properties, observe
 
 _MISSING = object()
 
@@ -53,7 +53,8 @@ class Diagnosis:
     name: str
     passed: bool
     message: str | None = None  # the judge's message, as the feedback shows it (None: passed)
-    unfinished: bool = False  # the learner's code still raises NotImplementedError (the stub)
+    # not tried yet: the learner's code still raises NotImplementedError (the stub), or is not defined
+    unfinished: bool = False
     available: bool = True  # False: no judge here (class mode), nothing was checked
     depends_on: tuple[str, ...] = ()
     restore: Callable[[], None] = field(default=lambda: None, repr=False)  # undoes the substitution
@@ -131,18 +132,15 @@ def diagnose(assignment: str, name: str, namespace: dict, judge=None) -> Diagnos
     learner = namespace.get(shipment.target, _MISSING)
     if learner is _MISSING:
         message = f"`{shipment.target}` is not defined: run its exercise cell, and keep the name `{shipment.target}`."
-        return Diagnosis(assignment, name, passed=False, message=judge.missing(assignment, name, message, _replaced()))
+        verdict = judge.missing(assignment, name, message, _replaced())
+        return Diagnosis(assignment, name, passed=False, message=verdict, unfinished=verdict == message)
     depends_on = tuple(shipment.depends_on)
     restore = substitute(namespace, {dep: getattr(shipment.reference, dep) for dep in depends_on})
     try:
-        problem = None
-        for prop in shipment.properties:
-            problem = problem or prop(learner, shipment.reference)
-        seen = Observation([])
-        if not problem:
+        seen = check_properties(shipment.target, learner, shipment.properties, shipment.reference)
+        if not seen.problem:
             seen = observe(shipment.target, learner, shipment.cases)
-            problem = seen.problem
-        message = judge.result(assignment, name, problem, seen.outputs, _replaced())
+        message = judge.result(assignment, name, seen.problem, seen.outputs, _replaced())
     except BaseException:
         restore()
         raise

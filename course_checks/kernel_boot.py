@@ -10,9 +10,9 @@ too, when it is installed; a class student's environment has none, and needs non
 """
 
 # trusted takes its snapshot as it is imported: here, before any student code runs
-from . import cases, checks, course, modules, trusted, verdict
+from . import cases, checks, compat, course, modules, trusted, verdict
 
-_sealed = [trusted, verdict, cases, modules, course, checks]
+_sealed = [trusted, compat, verdict, cases, modules, course, checks]
 if checks._LINK is None:
     try:
         from autograder import compare, local_judge, reference

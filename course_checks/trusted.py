@@ -21,6 +21,8 @@ import numpy.testing
 import torch
 import torch.nn.functional
 
+from .compat import tensor_base
+
 # Namespaces whose callables must not change. For classes, a new attribute
 # counts too: it would shadow a method inherited from the base class.
 _MODULES = {
@@ -44,7 +46,7 @@ _BUILTINS = (
 ).split()
 _CLASSES = {
     "torch.Tensor": torch.Tensor,
-    "torch._C.TensorBase": torch._C.TensorBase,
+    "torch._C.TensorBase": tensor_base(),
     "numpy.ndarray": numpy.ndarray,
     "socket.socket": socket.socket,
 }

@@ -32,7 +32,11 @@ from typing import Any
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
 from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+from .compat import axes_titles, send_frames_as_png, tick_labels
 
 
 def grading_now() -> bool:
@@ -64,7 +68,6 @@ def expect_tensor(name: str, value, shape, *, dtype=None, detach: bool = True):
     """The learner's ``value`` once it is a tensor of ``shape`` (and ``dtype``, when given), else a
     ``LearnerFunctionProblem`` saying what came back instead. Detached as float64 (what the widgets
     draw), unless ``detach`` is False (a value still in autograd's graph, or a mask)."""
-    import torch
 
     if not isinstance(value, torch.Tensor):
         raise LearnerFunctionProblem(f"`{name}` returned {type(value).__name__}; it should return a tensor.")
@@ -100,13 +103,6 @@ def explain_unfinished():
             f"This cell needs your `{name}`, which still raises NotImplementedError. Write it in its exercise "
             "cell, run that cell, then run this one again."
         )
-
-
-def _prefixed_data_url(canvas, proposal):
-    value = proposal["value"]
-    if isinstance(value, str) and value and not value.startswith("data:"):
-        return "data:image/png;base64," + value
-    return value
 
 
 def _is_widget_canvas(canvas) -> bool:
@@ -149,9 +145,7 @@ def _data_artists(figure) -> list:
             *axes.lines,
             *axes.collections,
             *axes.texts,
-            axes.title,
-            axes._left_title,
-            axes._right_title,
+            *axes_titles(axes),
         ]
         if axes.axison and axes.get_frame_on():
             own += axes.spines.values()
@@ -186,10 +180,8 @@ class Explorer(widgets.VBox):
             canvas.footer_visible = False
             canvas.toolbar_visible = False
             canvas.resizable = False
-            # Until the page's view says it is ready, ipympl keeps each frame it draws in the canvas's
-            # `_data_url` as bare base64, without its "data:image/png;base64," prefix; a view made after
-            # that (a slow page) cannot load it and stays blank. The copy gets its prefix as it is set.
-            canvas._register_validator(_prefixed_data_url, ["_data_url"])
+            # frames drawn before the page is ready reach it as pictures (see _send_frame)
+            send_frames_as_png(canvas)
             view = canvas
         else:  # any other backend: a static picture, redrawn on demand
             view = widgets.Output()
@@ -248,7 +240,7 @@ class Explorer(widgets.VBox):
                     axes.get_ylabel(),
                     _ticks(axes.xaxis),
                     _ticks(axes.yaxis),
-                    *(bool(t.get_text()) for t in (axes.title, axes._left_title, axes._right_title)),
+                    *(bool(t.get_text()) for t in axes_titles(axes)),
                     tuple(t.get_text() for t in legend.get_texts()) if legend else None,
                 )
             )
@@ -265,7 +257,7 @@ class Explorer(widgets.VBox):
             legend = axes.get_legend()
             shape = []
             for axis in (axes.xaxis, axes.yaxis):
-                labels = [t.label1.get_text() for t in axis._update_ticks()] if axes.get_visible() else []
+                labels = tick_labels(axis) if axes.get_visible() else []
                 tick = axis.majorTicks[0].label1
                 shape.append(
                     (
@@ -281,10 +273,7 @@ class Explorer(widgets.VBox):
                 (
                     axes.get_visible(),
                     *shape,
-                    *(
-                        (bool(text), text.count("\n"))
-                        for text in (t.get_text() for t in (axes.title, axes._left_title, axes._right_title))
-                    ),
+                    *((bool(text), text.count("\n")) for text in (t.get_text() for t in axes_titles(axes))),
                     tuple(t.get_text() for t in legend.get_texts()) if legend else None,
                 )
             )
@@ -340,8 +329,6 @@ class Explorer(widgets.VBox):
                 self._draw_animated()
                 canvas.blit(self.figure.bbox)
         else:
-            from IPython.display import display
-
             self.view.clear_output(wait=True)
             with self.view:
                 display(self.figure)

@@ -9,7 +9,8 @@
   ``generate`` writing text, and the next character's distribution estimated
   from samples drawn with that same ``generate``.
 
-``load_corpus`` reads the course's small text corpus from ``assets/``;
+``load_corpus`` reads the course's small text corpus, package data of ``course_widgets``
+(``data/tiny_tales.txt``, found with ``importlib.resources`` wherever the package is installed);
 ``loss_by_position`` and ``plot_loss_by_position`` show what a model does with
 a context longer than the one it was trained on. ``save_trained_model`` keeps
 07's trained model beside the notebook folders, where notebook 08's
@@ -24,6 +25,7 @@ import io
 import math
 import re
 import time
+from importlib import resources
 from pathlib import Path
 
 import ipywidgets as widgets
@@ -35,8 +37,7 @@ from matplotlib.patches import Rectangle
 from .base import Explorer, LearnerFunctionProblem, call_learner
 from .plots import heatmap
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-CORPUS = ASSETS / "tiny_tales.txt"
+CORPUS = "tiny_tales.txt"  # in the package's data/
 
 NO_MODEL = (
     "Train the model first: run the training cells above (they need your `ModelConfig`, `Llama`, "
@@ -44,9 +45,11 @@ NO_MODEL = (
 )
 
 
-def load_corpus(path: Path | str = CORPUS) -> str:
-    """The text of the course's corpus (short stories written for the course)."""
-    return Path(path).read_text(encoding="utf-8")
+def load_corpus(path: Path | str | None = None) -> str:
+    """The text of the course's corpus (short stories written for the course), or of the file ``path``."""
+    if path is not None:
+        return Path(path).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("data", CORPUS).read_text(encoding="utf-8")
 
 
 def show_char(c: str) -> str:
@@ -246,9 +249,10 @@ class TrainingMonitor(Explorer):
         ipympl's figure appears once the browser and the kernel have exchanged a
         handshake. After it, canvas.draw() renders in the kernel and pushes the
         picture at once (draw_idle would wait for the cell to end). Before it, as
-        when "Run All" has queued the training cell behind the widget, a pushed
-        frame would break the figure's set-up: the frames go to a PNG picture
-        instead, which the browser shows as they come, until the handshake.
+        when "Run All" has queued the training cell behind the widget, the page
+        has not sized the figure yet (its answer waits for the cell to end), so
+        a pushed frame would not show: the frames go to a PNG picture instead,
+        which the browser shows as they come, until the handshake.
         """
         canvas = self.figure.canvas
         if not hasattr(canvas, "send_binary"):  # not ipympl: a static picture

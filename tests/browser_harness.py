@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -30,6 +31,7 @@ from pathlib import Path
 CHROMIUM = "/usr/bin/chromium"
 REPOSITORY = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPOSITORY / "test-artifacts"  # screenshots (ignored by git)
+START_TIMEOUT_S = 300  # for a JupyterLab server to answer (see JupyterLab.start)
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -56,22 +58,43 @@ class JupyterLab:
         extra_args: list[str] | None = None,
         env: dict | None = None,
         python: str | Path | None = None,
+        news_answered: bool = True,
     ):
         self.root_dir = Path(root_dir)
         self.python = str(python or sys.executable)  # the environment the server (and its kernels) run in
         self.port = free_port()
         self.token = uuid.uuid4().hex
         self.scratch = Path(tempfile.mkdtemp(prefix="course-lab-"))
-        settings = self.scratch / "settings" / "@jupyterlab" / "apputils-extension"
-        settings.mkdir(parents=True)
-        (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-        # render every cell: with windowing, cells out of view have no prompt or output yet
-        notebook_settings = self.scratch / "settings" / "@jupyterlab" / "notebook-extension"
-        notebook_settings.mkdir(parents=True)
-        (notebook_settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
         self.extra_args = extra_args or []
         self.env = env or {}
+        self.news_answered = news_answered  # False: a user who was never asked (see command)
         self.process = None
+
+    def command(self) -> list[str]:
+        """The command that starts the server, before the flags that put it on this port with this
+        token (``start`` adds them). Here: the tests' own JupyterLab, with a temporary workspaces
+        and settings folder (every cell rendered; JupyterLab's news question answered "no" unless
+        ``news_answered`` is False). A subclass may start it otherwise."""
+        settings = self.scratch / "settings"
+        if self.news_answered:
+            news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+            news.parent.mkdir(parents=True, exist_ok=True)
+            news.write_text(json.dumps({"fetchNews": "false"}))
+        # render every cell: with windowing, cells out of view have no prompt or output yet
+        windowing = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+        windowing.parent.mkdir(parents=True, exist_ok=True)
+        windowing.write_text(json.dumps({"windowingMode": "none"}))
+        return [
+            self.python,
+            "-m",
+            "jupyter",
+            "lab",
+            f"--ServerApp.root_dir={self.root_dir}",
+            f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
+            f"--LabApp.user_settings_dir={settings}",
+            *(["--allow-root"] if os.geteuid() == 0 else []),
+            *self.extra_args,
+        ]
 
     def start(self) -> JupyterLab:
         scripts = str(Path(self.python).parent)
@@ -80,36 +103,44 @@ class JupyterLab:
         self.log = open(self.scratch / "server.log", "w")
         self.process = subprocess.Popen(
             [
-                self.python,
-                "-m",
-                "jupyter",
-                "lab",
+                *self.command(),
                 "--no-browser",
                 "--ServerApp.ip=127.0.0.1",
                 f"--ServerApp.port={self.port}",
                 "--ServerApp.port_retries=0",
                 f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={self.root_dir}",
-                f"--LabApp.workspaces_dir={self.scratch / 'workspaces'}",
-                f"--LabApp.user_settings_dir={self.scratch / 'settings'}",
-                *(["--allow-root"] if os.geteuid() == 0 else []),
-                *self.extra_args,
             ],
             cwd=self.root_dir,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        # Starting takes 5 to 10 s on an idle machine; more than a minute on a busy one with a cold
+        # page cache (JupyterLab, nbgrader and their extensions are read from disk). The limit is
+        # only for a server that never comes up.
+        started = time.monotonic()
+        while time.monotonic() < started + START_TIMEOUT_S:
             if self.process.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited:\n{(self.scratch / 'server.log').read_text()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/status?token={self.token}", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.3)
-        raise RuntimeError("JupyterLab did not start within 60 s")
+                log = (self.scratch / "server.log").read_text()
+                self.stop()
+                raise RuntimeError(f"JupyterLab exited:\n{log}")
+            if self.status("api/status") == 200:
+                return self
+            time.sleep(0.3)
+        log = (self.scratch / "server.log").read_text()
+        self.stop()  # a server that never answered is not left running
+        raise RuntimeError(f"JupyterLab did not start within {START_TIMEOUT_S} s:\n{log}")
+
+    def status(self, path: str) -> int:
+        """The HTTP status of ``path`` on this server (0: no answer)."""
+        url = f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError:
+            return 0
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -195,6 +226,54 @@ class LabNotebook:
         ).all_inner_texts()
 
 
+COURSE_COPY_IGNORES = shutil.ignore_patterns(
+    ".venv",
+    ".git",
+    "test-artifacts",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ipynb_checkpoints",
+    "gradebook.db*",
+    "submitted",
+    "autograded",
+    "feedback",
+    "exchange",
+    "release",
+    "reports",
+    ".work",
+    "coursework",
+)
+
+
+def copy_course(target: Path) -> Path:
+    """A copy of the repository as a learner's clone holds it (no venv, no git, no class data)."""
+    shutil.copytree(REPOSITORY, target, ignore=COURSE_COPY_IGNORES, symlinks=True)
+    return target
+
+
+NEWS_QUESTION = "Would you like to get notified about official Jupyter news?"
+
+
+def news_question_shown(page, within_s: float = 5) -> bool:
+    """JupyterLab's news question appears within ``within_s`` of a notebook's kernel being ready
+    (it is asked once the page has restored its layout, before a kernel starts: see the control in
+    test_browser_course_lab.py)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_text(NEWS_QUESTION).first.wait_for(timeout=within_s * 1000)
+    except PlaywrightTimeout:
+        return False
+    return True
+
+
+def menu_titles(page) -> list[str]:
+    """The titles of JupyterLab's main menu bar, once it is there."""
+    page.locator(".lm-MenuBar-itemLabel").first.wait_for(timeout=60_000)
+    return page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+
+
 def link_assets(root: Path, solutions: bool = True) -> Path:
     """Give a lab root the repository's assets/ (linked), as notebooks expect beside them; and, as in a
     clone (self-study), each solution notebook at solutions/<assignment>/<assignment>.ipynb (linked files
@@ -222,7 +301,10 @@ def place_in_lab(lab, source: Path) -> str:
     for sibling in source.parent.iterdir():
         if sibling.is_file() and sibling.suffix != ".ipynb" and not (target_dir / sibling.name).exists():
             shutil.copy(sibling, target_dir / sibling.name)
-    shutil.copy(source, target_dir / source.name)
+    target = target_dir / source.name
+    if target.is_symlink():  # a solution notebook link_assets put there: the page gets a copy of its own
+        target.unlink()
+    shutil.copy(source, target)
     return (folder / source.name).as_posix()
 
 

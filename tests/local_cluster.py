@@ -2,7 +2,7 @@
 machines"): ``./course scheduler`` and ``./course worker`` processes on 127.0.0.1.
 
 Used by the Dask tests (``test_grade_distributed.py``) and the grading benchmark
-(``bench_grading.py``); not part of the grader.
+(``tools/bench/grading.py``); not part of the grader.
 """
 
 from __future__ import annotations

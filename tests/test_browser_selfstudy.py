@@ -1,15 +1,19 @@
 """Self-study mode as a learner meets it, in a real JupyterLab and chromium.
 
 The student notebook 01 is opened once in self-study mode (``solutions/`` is
-there, as in a clone or on Binder) and worked through as a learner would: the
-progress view says "not tried", the solution is refused, a hint opens, a
+there, as in a clone or on Binder) and worked through as a learner would: Run All
+on the untouched notebook stops at the first check, which says in one line that
+``softmax`` is not written yet; the progress view says "not tried" everywhere and
+no solution shows. The reveal cell's button refuses before a try; a hint opens; a
 catalogued mistake typed into ``softmax`` makes its check cell name that
-misconception, the progress view turns to "fails", the solution shows, and a
-correct answer turns it to "passes". The same notebook served by a JupyterLab
-whose kernels have no ``solutions/`` (class mode) shows the class-mode lines
-and no line of solution code, in the page or in the saved notebook.
-Screenshots land in test-artifacts/selfstudy/ (the README's come from there).
-"""
+misconception and the progress view turn to "fails"; the button then shows the
+solution. A right ``attention_weights`` over a wrong ``softmax`` is told that its
+check stops because of ``softmax``. Correct answers turn to "passes", and Run All
+again shows the buttons, not the solutions. The same notebook served by a
+JupyterLab whose kernels have no ``solutions/`` (class mode) shows the class-mode
+lines, "not tried" for the stub, and no line of solution code, in the page or in
+the saved notebook. Screenshots land in test-artifacts/selfstudy/ (the README's
+come from there)."""
 
 import json
 import time
@@ -28,6 +32,15 @@ ASSIGNMENT = "01_attention"
 STUDENT = REPOSITORY / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
 SCREENSHOTS = ARTIFACTS / "selfstudy"
 NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
+WRONG_AXIS_SOFTMAX = (
+    "def softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(dim=0, keepdim=True))\n"
+    "    return e / e.sum(dim=0, keepdim=True)\n"
+)
+RIGHT_ATTENTION_WEIGHTS = (
+    "def attention_weights(q, k, mask=None):\n    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n"
+    "    if mask is not None:\n        scores = scores.masked_fill(~mask, float('-inf'))\n"
+    "    return softmax(scores, dim=-1)\n"
+)
 RIGHT_SOFTMAX = (
     "def softmax(x, dim=-1):\n    e = torch.exp(x - x.max(dim=dim, keepdim=True).values)\n"
     "    return e / e.sum(dim=dim, keepdim=True)\n"
@@ -100,6 +113,25 @@ def type_answer(notebook: LabNotebook, index: int, source: str) -> None:
     notebook.page.keyboard.insert_text(source)
 
 
+def reveal_output(notebook: LabNotebook, name: str):
+    return notebook.cells().nth(cell_index(f"reveal_{name}")).locator(".jp-Cell-outputArea")
+
+
+def click_show_solution(notebook: LabNotebook, name: str, expect: str) -> str:
+    """Click the reveal cell's button; the text it then shows below itself, once it holds ``expect``."""
+    button = reveal_output(notebook, name).locator("button.course-show-solution")
+    button.scroll_into_view_if_needed()
+    button.click()
+    return wait_for_text(reveal_output(notebook, name).locator(".course-solution"), expect, timeout_s=30)
+
+
+def assert_no_solution_shown(notebook: LabNotebook) -> None:
+    """No line of any of 01's reference answers in the page's outputs (the learner's own cells aside)."""
+    shown = " ".join(notebook.page.locator(".jp-NotebookPanel .jp-OutputArea").all_inner_texts())
+    for line in solution_lines(ASSIGNMENT):
+        assert line not in shown, line
+
+
 def test_a_self_learner_gets_hints_the_diagnosis_the_solution_after_trying_and_progress(lab, browser):
     (lab.root_dir / "notebooks" / ".progress.json").unlink(missing_ok=True)
     path = place_in_lab(lab, STUDENT)
@@ -107,16 +139,28 @@ def test_a_self_learner_gets_hints_the_diagnosis_the_solution_after_trying_and_p
     notebook = LabNotebook(page, lab.url(path))
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     mistake = next(m for m in exercise(ASSIGNMENT, "softmax").mistakes if m.id == "softmax-no-max-subtraction")
+    wrong_axis = next(m for m in exercise(ASSIGNMENT, "softmax").mistakes if m.id == "softmax-wrong-axis")
     try:
         notebook.open()
-        progress = run_cell(notebook, cell_index("progress")).locator(".jp-OutputArea")
-        assert "softmax: not tried" in wait_for_text(progress, "0 of 3 exercises pass")
-        run_cell(notebook, cell_index("setup_imports"))
 
-        # asking for the solution before trying is refused
-        reveal = run_cell(notebook, cell_index("reveal_softmax")).locator(".jp-OutputArea")
-        assert "run its check cell once" in reveal.inner_text()
-        assert "amax" not in reveal.inner_text()
+        # Run All on the untouched notebook (as 00 recommends): it stops at the first check, which says in
+        # one line that softmax is not written yet; nothing is tried, no solution shows
+        notebook.run_all()
+        progress = notebook.cells().nth(cell_index("progress")).locator(".jp-OutputArea")
+        view = wait_for_text(progress, "0 of 3 exercises pass")
+        for name in ("softmax", "attention_weights", "attention"):
+            assert f"{name}: not tried" in view
+        check = notebook.cells().nth(cell_index("test_softmax"))
+        text = wait_for_text(check.locator(".jp-OutputArea"), "not written yet")
+        assert "Traceback" not in text and "Self-check: not tried yet" in text
+        assert_no_solution_shown(notebook)
+        check.scroll_into_view_if_needed()
+        page.screenshot(path=SCREENSHOTS / "untouched_after_run_all.png")
+
+        # the reveal cell, run by hand, shows a button; before a try its click says to try first
+        run_cell(notebook, cell_index("reveal_softmax"))
+        click_show_solution(notebook, "softmax", "Try softmax first")
+        assert_no_solution_shown(notebook)
 
         # a hint opens on a click, the next one stays folded
         hints = notebook.cells().nth(hint_cell_index("softmax")).locator("details")
@@ -140,14 +184,27 @@ def test_a_self_learner_gets_hints_the_diagnosis_the_solution_after_trying_and_p
         check.scroll_into_view_if_needed()
         page.screenshot(path=SCREENSHOTS / "hint_and_diagnosis.png")
 
-        # after one check run, the reference solution shows
+        # after that real try, the same button shows the reference solution
         answer = next(s for g, s in reference.source_cells(ASSIGNMENT) if g == "softmax")
         key_line = next(line.strip() for line in answer.splitlines() if "amax" in line)
-        reveal = run_cell(notebook, cell_index("reveal_softmax")).locator(".jp-OutputArea")
-        assert key_line in wait_for_text(reveal, "Reference solution for")
-        assert "BEGIN SOLUTION" not in reveal.inner_text()
-        reveal.scroll_into_view_if_needed()
+        shown = click_show_solution(notebook, "softmax", "Reference solution for softmax")
+        assert key_line in shown, shown
+        assert "BEGIN SOLUTION" not in shown
+        reveal_output(notebook, "softmax").scroll_into_view_if_needed()
         page.screenshot(path=SCREENSHOTS / "revealed_solution.png")
+
+        # attention_weights right, softmax over the wrong axis: its check passes the hidden checks
+        # (run with the reference softmax) and says that the visible ones stop because of softmax
+        type_answer(notebook, cell_index("softmax"), WRONG_AXIS_SOFTMAX)
+        run_cell(notebook, cell_index("softmax"))
+        type_answer(notebook, cell_index("attention_weights"), RIGHT_ATTENTION_WEIGHTS)
+        run_cell(notebook, cell_index("attention_weights"))
+        check = run_cell(notebook, cell_index("test_attention_weights"))
+        text = wait_for_text(check.locator(".jp-OutputArea"), "which fails its check")
+        assert "Your `attention_weights` passes on its own" in text and "runs your `softmax`" in text
+        assert wrong_axis.name in text and "Traceback" not in text
+        check.locator(".jp-OutputArea").scroll_into_view_if_needed()
+        page.screenshot(path=SCREENSHOTS / "earlier_exercise_fails.png")
 
         # a correct answer of one's own: passes, and the progress view says so
         type_answer(notebook, cell_index("softmax"), RIGHT_SOFTMAX)
@@ -155,14 +212,23 @@ def test_a_self_learner_gets_hints_the_diagnosis_the_solution_after_trying_and_p
         check = run_cell(notebook, cell_index("test_softmax"))
         assert "passes the grader's hidden checks" in wait_for_text(check.locator(".jp-OutputArea"), "Self-check")
         assert check.locator('[data-mime-type="application/vnd.jupyter.stderr"]').count() == 0
-        assert "softmax: passes" in wait_for_text(progress, "1 of 3 exercises pass")
+        check = run_cell(notebook, cell_index("test_attention_weights"))
+        wait_for_text(check.locator(".jp-OutputArea"), "attention_weights: the visible checks pass")
+        assert "softmax: passes" in wait_for_text(progress, "2 of 3 exercises pass")
         # shown again (as after reopening the notebook), the view reads the same from the file
         progress = run_cell(notebook, cell_index("progress")).locator(".jp-OutputArea")
-        assert "softmax: passes" in wait_for_text(progress, "1 of 3 exercises pass")
+        assert "attention: not tried" in wait_for_text(progress, "2 of 3 exercises pass")
         progress.scroll_into_view_if_needed()
         page.screenshot(path=SCREENSHOTS / "progress.png")
         recorded = json.loads((lab.root_dir / "notebooks" / ".progress.json").read_text())
         assert recorded["assignments"][ASSIGNMENT]["softmax"]["status"] == "passes"
+
+        # Run All again: both tried exercises' reveal cells run now, and show their buttons, no solution
+        notebook.run_all()
+        for name in ("softmax", "attention_weights"):
+            wait_for_text(reveal_output(notebook, name), "Stuck on")
+            assert reveal_output(notebook, name).locator("button.course-show-solution").count() == 1
+        assert_no_solution_shown(notebook)
     finally:
         page.close()
 
@@ -187,10 +253,12 @@ def test_the_same_notebook_in_class_mode_says_so_and_holds_no_solution_code(clas
         run_cell(notebook, cell_index("softmax"))  # as released: raise NotImplementedError()
         check = run_cell(notebook, cell_index("test_softmax")).locator(".jp-OutputArea")
         text = wait_for_text(check, "Class mode: this cell runs the visible checks only")
-        assert "Self-check" not in text and "NotImplementedError" in text
+        assert "Self-check" not in text and "NotImplementedError: `softmax` is not written yet" in text
         reveal = run_cell(notebook, cell_index("reveal_softmax")).locator(".jp-OutputArea")
         assert "stay with your instructor" in reveal.inner_text()
-        assert "softmax: fails" in wait_for_text(progress, "softmax: fails")
+        assert reveal.locator("button").count() == 0
+        assert "softmax: not tried" in wait_for_text(progress, "softmax: not tried")
+        assert "fails" not in progress.inner_text()
         page.keyboard.press("Control+S")
         time.sleep(1.5)
         page_text = page.locator(".jp-NotebookPanel .jp-Notebook").inner_text()

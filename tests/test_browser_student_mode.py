@@ -12,7 +12,8 @@ course, as on Binder, and the tests check in chromium:
 
 * Validate is in the notebook toolbar; nbgrader's menu, the create-assignment
   panel, formgrader and the assignment list are gone (in the page and on the
-  server), while the course's normal JupyterLab has them;
+  server), while the course's normal JupyterLab has them; JupyterLab does not
+  ask a new user about its news;
 * Validate on a student notebook lists its failing exercises; once the answer
   cells hold correct code (typed into the editor), Validate reports success.
 """
@@ -24,33 +25,22 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from browser_harness import REPOSITORY, JupyterLab, LabNotebook, needs_chromium
+from browser_harness import (
+    REPOSITORY,
+    JupyterLab,
+    LabNotebook,
+    copy_course,
+    menu_titles,
+    needs_chromium,
+    news_question_shown,
+)
 
 pytestmark = needs_chromium
 
 VALIDATED = "01_attention"  # the student notebook whose Validate button is pressed
-COURSE_COPY_IGNORES = shutil.ignore_patterns(
-    ".venv",
-    ".git",
-    "test-artifacts",
-    "__pycache__",
-    "*.egg-info",
-    ".pytest_cache",
-    ".ipynb_checkpoints",
-    "gradebook.db*",
-    "submitted",
-    "autograded",
-    "feedback",
-    "exchange",
-    "release",
-    "reports",
-    ".work",
-)
 
 
 def digest(folder: Path) -> str:
@@ -110,23 +100,10 @@ def student_lab(tmp_path_factory):
     )
     assert result.returncode == 0, f"postBuild failed:\n{result.stdout}\n{result.stderr}"
     assert digest(course_config) == before, "postBuild changed the course's own environment"
-    course = root / "course"
-    shutil.copytree(REPOSITORY, course, ignore=COURSE_COPY_IGNORES, symlinks=True)
-    with JupyterLab(course, python=python, env=variables) as server:
+    course = copy_course(root / "course")
+    # a learner who was never asked about JupyterLab's news: postBuild keeps the question away
+    with JupyterLab(course, python=python, env=variables, news_answered=False) as server:
         yield server
-
-
-def status(lab: JupyterLab, path: str) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{lab.port}/{path}?token={lab.token}", timeout=30) as answer:
-            return answer.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
-def menu_titles(page) -> list[str]:
-    page.locator(".lm-MenuBar-itemLabel").first.wait_for(timeout=60_000)
-    return page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
 
 
 def open_page(browser, lab, path: str):
@@ -137,24 +114,25 @@ def open_page(browser, lab, path: str):
 
 
 def test_binder_mode_keeps_validate_and_hides_the_instructor_tools(student_lab, lab, browser):
-    # the course's normal JupyterLab (./course lab) has the instructor tools ...
+    # the course environment's JupyterLab as it is (./course lab --instructor) has the instructor tools ...
     normal = browser.new_page(viewport={"width": 1400, "height": 1000})
     normal.goto(lab.url(""))
     assert "Nbgrader" in menu_titles(normal)
     assert normal.get_by_text("Create Assignment").count() > 0
     normal.close()
-    assert status(lab, "formgrader") == 200
+    assert lab.status("formgrader") == 200
 
     # ... Binder's has none of them, and keeps Validate
     notebook = open_page(browser, student_lab, f"notebooks/{VALIDATED}/{VALIDATED}.ipynb")
     try:
         page = notebook.page
         assert page.locator(".jp-NotebookPanel-toolbar jp-button", has_text="Validate").is_visible()
+        assert not news_question_shown(page)
         assert "Nbgrader" not in menu_titles(page)
         assert page.get_by_text("Create Assignment").count() == 0
-        assert status(student_lab, "formgrader") == 404
-        assert status(student_lab, "assignments") == 404  # the assignment list's server side
-        assert status(student_lab, "nbgrader_version") != 404  # Validate's server side is there
+        assert student_lab.status("formgrader") == 404
+        assert student_lab.status("assignments") == 404  # the assignment list's server side
+        assert student_lab.status("nbgrader_version") != 404  # Validate's server side is there
     finally:
         notebook.page.close()
 

@@ -333,34 +333,61 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
         )
 
 
-def extra(name: str) -> dict:
-    """The pins of what `pip install` takes for the set `name`: the course's optional dependencies
-    `student` (`pip install ".[student]"`), the grader distribution's dependencies for `grader`
-    (`pip install ./autograder`), each with the course's extras it names."""
+def distribution_pins(name: str) -> dict:
+    """The pins of what `pip install` takes for the set `name`: the course distribution's
+    dependencies for `student` (`pip install .`), the grader distribution's for `grader`
+    (`pip install ./autograder .`), with the course distribution's where it names it."""
     import tomllib
 
     project = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]
     grader = tomllib.loads((REPOSITORY / "autograder" / "pyproject.toml").read_text())["project"]
-    lines = grader["dependencies"] if name == "grader" else project["optional-dependencies"][name]
+    lines = grader["dependencies"] if name == "grader" else project["dependencies"]
     found = {}
     for line in lines:
         requirement = Requirement(line)
         if requirement.name == project["name"]:
-            for included in requirement.extras:
-                found |= extra(included)
+            assert str(requirement.specifier) == f"=={project['version']}", line
+            found |= distribution_pins("student")
             continue
         [specifier] = requirement.specifier
-        assert specifier.operator == "==" and not requirement.marker, f"[{name}]: {line} is not an exact pin"
+        assert specifier.operator == "==" and not requirement.marker, f"{name}: {line} is not an exact pin"
         found[requirement.name.lower()] = specifier.version
     return found
 
 
 @pytest.mark.parametrize("set_name", ("student", "grader"))
-def test_pyproject_extras_are_the_requirement_sets_pin_for_pin(set_name):
-    """`pip install ".[grader]"` (a JupyterHub's grading environment) gets what `./course` installs."""
-    assert extra(set_name) == pins(set_name)
+def test_the_distributions_dependencies_are_the_requirement_sets_pin_for_pin(set_name):
+    """`pip install .` (a student's image) and `pip install ./autograder .` (a JupyterHub's grading
+    environment) get what `./course` installs, torch at the same version."""
+    assert distribution_pins(set_name) == pins(set_name)
 
 
 def test_the_postgres_driver_is_in_the_grader_set_only():
     assert {"psycopg", "psycopg-binary"} <= pins("grader").keys()
     assert "psycopg" not in locked_versions("student")
+
+
+def test_course_lab_student_config_turns_off_what_post_build_turns_off():
+    """./course lab's student configuration (tools/lab-config/student) and Binder's postBuild
+    leave a student the same parts of nbgrader: every lab plugin and server extension but Validate."""
+    script = (REPOSITORY / "postBuild").read_text()
+    student = REPOSITORY / "tools" / "lab-config" / "student"
+    page_config = json.loads((student / "labconfig" / "page_config.json").read_text())
+    plugins = {
+        f"@jupyter/nbgrader:{name}"
+        for name in re.search(r"instructor_plugins=\(@jupyter/nbgrader:\{([a-z,-]+)\}\)", script).group(1).split(",")
+    }
+    assert page_config["disabledExtensions"] == dict.fromkeys(plugins, True)
+    assert page_config["lockedExtensions"] == dict.fromkeys(plugins, True)
+    [server_config] = (student / "jupyter_server_config.d").glob("*.json")
+    extensions = {
+        f"nbgrader.server_extensions.{name}"
+        for name in re.search(r"instructor_extensions=\(nbgrader\.server_extensions\.\{([a-z_,]+)\}\)", script)
+        .group(1)
+        .split(",")
+    }
+    assert json.loads(server_config.read_text())["ServerApp"]["jpserver_extensions"] == dict.fromkeys(extensions, False)
+    news = json.loads(
+        (REPOSITORY / "tools" / "lab-config" / "course" / "labconfig" / "default_setting_overrides.json").read_text()
+    )
+    assert news["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"

@@ -259,9 +259,9 @@ def test_workers_running_other_grading_code_are_refused(cluster, template, tmp_p
 
     cluster.wait_for_workers(2)
     newer = tmp_path / "newer"
-    for package in ("autograder", "course_widgets"):
+    for package in ("autograder", "course_checks", "course_widgets"):
         shutil.copytree(REPOSITORY / package, newer / package, ignore=shutil.ignore_patterns("__pycache__"))
-    checks = newer / "autograder" / "checks.py"
+    checks = newer / "autograder" / "worker" / "judge.py"
     checks.write_text(checks.read_text(encoding="utf-8") + "\n# a newer grader\n", encoding="utf-8")
     course = copy_course(template, tmp_path / "course")
     before = sorted(course.root.rglob("*"))

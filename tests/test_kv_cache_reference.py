@@ -9,6 +9,8 @@
   the mutant is told that mistake.
 * A correct generate_cached that recomputes the sequence (07's generate) is
   told so by name, though its tokens are right.
+* A message about a script's result (a tuple: what each call returned, what the
+  cache holds) names the item that differs, never "item 9".
 """
 
 import pytest
@@ -92,6 +94,49 @@ def test_recomputing_the_sequence_is_named_though_its_tokens_are_right(ref):
     def calls_generate(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
         return ref.generate(model, tokens, max_new_tokens, temperature, top_k)
 
-    message = _reads_new_tokens_only(calls_generate)
+    message = _reads_new_tokens_only(calls_generate, ref)
     assert message and "[mistake:recomputes-sequence]" in message
-    assert _reads_new_tokens_only(ref.generate_cached) is None
+    assert _reads_new_tokens_only(ref.generate_cached, ref) is None
+
+
+class ValuesDoubledLate:
+    """A KVCache right until a layer holds more than 6 positions; then the values it returns are doubled."""
+
+    def __init__(self, base):
+        self.cache = base()
+
+    def update(self, layer, k, v):
+        k, v = self.cache.update(layer, k, v)
+        return k, v * (1 + (k.shape[2] > 6))
+
+    @property
+    def length(self):
+        return self.cache.length
+
+
+def test_a_message_names_the_item_of_a_script_result_that_differs(ref):
+    for name, exercise in EXERCISES.items():
+        for case in exercise.cases(ref):
+            result = case.run(getattr(ref, name))
+            if isinstance(result, tuple):
+                names = case.item_names
+                assert len(names) == len(result) and len(set(names)) == len(names), (name, case.label)
+
+    def kv_cache():
+        return ValuesDoubledLate(ref.KVCache)
+
+    message = judge_function(EXERCISES["KVCache"], kv_cache, ref)
+    assert "the values update call 5 returned (layer 0, 1 new position): largest difference" in message
+    assert "item" not in message
+
+    def offset_after_six(attn, x, positions, cache, layer):
+        return ref.attend_with_cache(attn, x, positions, cache, layer) * (1 + 0.1 * (positions[0] >= 6))
+
+    message = judge_function(EXERCISES["attend_with_cache"], offset_after_six, ref)
+    assert "the output of call 5 (layer 0, position 6): largest difference 0.1" in message
+
+    def length_off(model, tokens, cache):
+        return ref.forward_cached(model, tokens, cache) + (cache.length > 7)
+
+    message = judge_function(EXERCISES["forward_cached"], length_off, ref)
+    assert "the logits of call 4 (the tokens at position 7)" in message

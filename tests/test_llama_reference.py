@@ -8,6 +8,7 @@
 * Every catalogued mistake's mutant differs from the reference on some case
   and from every other mutant of its exercise, and a learner who wrote exactly
   the mutant is told that mistake.
+* A config that differs in one field is told which field (not "item 8").
 * Importing ``torch._dynamo`` (transformers does) is not taken for tampering.
 * The notebook's optional hub cell: given a checkpoint folder in the hub's
   layout it loads it into the learner's model, matches transformers and
@@ -15,6 +16,7 @@
 """
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -187,6 +189,17 @@ def test_each_mutant_is_recognised_and_distinct(ref, name):
                 ids[a],
                 ids[b],
             )
+
+
+def test_a_config_that_differs_in_one_field_is_told_which(ref):
+    @dataclasses.dataclass
+    class ModelConfig(ref.ModelConfig):
+        def __post_init__(self):
+            super().__post_init__()
+            self.rope_base = 1.0  # the field a learner overwrote
+
+    message = judge_function(EXERCISES["ModelConfig"], ModelConfig, ref)
+    assert "field `rope_base`: returned 1, expected 10000" in message and "item" not in message
 
 
 def test_importing_torch_dynamo_is_not_tampering():

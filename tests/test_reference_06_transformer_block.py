@@ -174,7 +174,7 @@ def test_checks_still_work_after_transformers_is_imported():
         import course_checks.trusted
         import torch
         from autograder import reference
-from autograder.local_judge import judge_function
+        from course_checks import checks
         namespace = {"RMSNorm": reference.load("06_transformer_block").RMSNorm}
         checks.check("06_transformer_block", "RMSNorm", namespace)
         import transformers.models.llama.modeling_llama

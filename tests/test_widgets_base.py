@@ -3,7 +3,12 @@ without a browser: the picture sent after a blitted update is exactly the
 picture matplotlib draws of the figure, the layout runs only when decorations
 change, and a change of limits (or an artist that comes) redraws everything."""
 
+import base64
+import io
+import json
+
 import numpy as np
+import PIL.Image
 import pytest
 import torch
 
@@ -146,12 +151,22 @@ def test_figures_are_laid_out_once_not_on_every_draw(solved):
         assert widget.figure.bbox.y0 <= box.y0 and box.y1 <= widget.figure.bbox.y1
 
 
-def test_a_picture_drawn_before_the_page_is_ready_leaves_no_broken_image(ipympl_canvas, solved):
-    """Until the page's view says it is ready, ipympl stores what it sends as the canvas's `_data_url`,
-    in bare base64 (no "data:" prefix): a view created afterwards, on a slow page, cannot load that
-    image and stays blank. A widget's first pictures leave no such copy behind."""
+def test_a_picture_sent_before_the_page_is_ready_is_a_png_and_its_copy_a_data_url(ipympl_canvas, solved):
+    """Until the page's view says it is ready, ipympl 0.10 sends each picture it draws as raw pixels
+    (the page cannot decode them: the figure stays 0 x 0 for good, see tests/test_browser_early_frames.py)
+    and keeps a copy in the canvas's `_data_url` as bare base64 (a view made later cannot load it).
+    A widget's first pictures go out as PNG, and the copy is a data: URL of the whole picture."""
     widget = AttentionHeatmap(solved.attention_weights, solved.attention, X, X, V)
     canvas = widget.figure.canvas
-    canvas.draw()
-    canvas.manager.refresh_all()  # the picture goes out before any page has said it is ready
-    assert canvas._data_url is None or canvas._data_url.startswith("data:image/png;base64,")
+    sent = []
+    canvas.send = lambda content, buffers=None: sent.append((json.loads(content["data"]), buffers))
+    assert canvas.syncing_data_url  # no page has said it is ready
+    canvas.draw()  # drawn, and pushed to the page at once
+    [picture] = [bytes(buffers[0]) for content, buffers in sent if content["type"] == "binary"]
+    width, height = canvas.get_width_height(physical=True)
+    assert picture.startswith(b"\x89PNG\r\n\x1a\n")
+    assert PIL.Image.open(io.BytesIO(picture)).size == (width, height)
+    assert canvas._data_url.startswith("data:image/png;base64,")
+    copy = PIL.Image.open(io.BytesIO(base64.b64decode(canvas._data_url.split(",", 1)[1])))
+    assert copy.size == (width, height)
+    assert np.array_equal(np.asarray(copy), np.asarray(PIL.Image.open(io.BytesIO(picture))))

@@ -52,7 +52,7 @@ def unimplemented(*args, **kwargs):
 
 def test_corpus_is_small_plain_text():
     text = load_corpus()
-    assert CORPUS.name == "tiny_tales.txt" and 15_000 < len(text) < 50_000
+    assert CORPUS == "tiny_tales.txt" and 15_000 < len(text) < 50_000
     assert text.isascii() and len(set(text)) < 80
 
 

@@ -37,8 +37,8 @@ def test_notebook_says_it_skips_the_hugging_face_comparisons_and_runs_on(assignm
     if assignment == "07_llama":
         [training] = [cell for cell in notebook.cells if "steps = 0 if grading_now() else 250" in cell.source]
         training.source = training.source.replace("steps = 0 if grading_now() else 250", "steps = 5")
-    copy = tmp_path / assignment / source.name
-    copy.parent.mkdir()
+    copy = tmp_path / "solutions" / assignment / source.name  # self-study: its hidden checks run too
+    copy.parent.mkdir(parents=True)
     nbformat.write(notebook, copy)
     run = execute(copy, env=no_transformers)
     assert run.errors() == []

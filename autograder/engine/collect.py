@@ -155,7 +155,7 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
 
 
 def _collector(config):
-    from nbgrader.plugins import FileNameCollectorPlugin
+    from nbgrader.plugins import FileNameCollectorPlugin  # here: the grade command starts without it
 
     return FileNameCollectorPlugin(config=config)
 
@@ -235,7 +235,7 @@ def _stamp(folder: Path) -> str | None:
 
 def valid_timestamp(text: str | None) -> str | None:
     """``text`` if nbgrader can read it as a time, else None (the submission then has no time)."""
-    from nbgrader.utils import parse_utc
+    from nbgrader.utils import parse_utc  # here: the grade command starts without it
 
     if not text:
         return None

@@ -31,8 +31,8 @@ class CourseFolder:
     ``coursework/``, holds the class's data) and gradebook."""
 
     def __init__(self, root: Path, db_url: str | None = None):
-        from nbgrader.coursedir import CourseDirectory
-        from traitlets.config.loader import PyFileConfigLoader
+        from nbgrader.coursedir import CourseDirectory  # here: the grade command starts without it
+        from traitlets.config.loader import PyFileConfigLoader  # here: the grade command starts without it
 
         self.root = Path(root).resolve()
         self.config = PyFileConfigLoader("nbgrader_config.py", path=str(self.root)).load_config()
@@ -65,9 +65,9 @@ class CourseFolder:
 
     def register(self, assignments: list[str]) -> list[str]:
         """Make sure the gradebook knows these assignments (nbgrader generate_assignment)."""
-        from nbgrader.api import Gradebook, MissingEntry
-        from nbgrader.apps import NbGraderAPI
-        from nbgrader.coursedir import CourseDirectory
+        from nbgrader.api import Gradebook, MissingEntry  # here: the grade command starts without it
+        from nbgrader.apps import NbGraderAPI  # here: the grade command starts without it
+        from nbgrader.coursedir import CourseDirectory  # here: the grade command starts without it
 
         notes = []
         missing = []
@@ -93,7 +93,15 @@ class CourseFolder:
 
     def graded_in_gradebook(self) -> set:
         """(student, assignment, notebook) that have autograded scores in the gradebook."""
-        from nbgrader.api import Assignment, Grade, Gradebook, Notebook, Student, SubmittedAssignment, SubmittedNotebook
+        from nbgrader.api import (  # here: the grade command starts without it
+            Assignment,
+            Grade,
+            Gradebook,
+            Notebook,
+            Student,
+            SubmittedAssignment,
+            SubmittedNotebook,
+        )
 
         found = set()
         try:
@@ -117,8 +125,8 @@ class CourseFolder:
 
     def spec(self, assignment: str, notebook: str, limits: Limits) -> AssignmentSpec:
         """Everything grading needs about one notebook, read once here."""
-        import nbformat
-        from nbgrader.api import Gradebook
+        import nbformat  # here: the grade command starts without it
+        from nbgrader.api import Gradebook  # here: the grade command starts without it
 
         released_path = self.release / assignment / f"{notebook}.ipynb"
         if released_path.is_file():
@@ -164,7 +172,7 @@ class CourseFolder:
 
 
 def _student_version(course: CourseFolder, assignment: str, notebook: str) -> str:
-    from ..release import generate
+    from ..release import generate  # here: the grade command starts without it
 
     with tempfile.TemporaryDirectory(prefix="course-student-") as scratch:
         generate([assignment], Path(scratch))

@@ -31,13 +31,14 @@ the command stops with nothing written.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
 import uuid
 from pathlib import Path
 
-from distributed import WorkerPlugin
+from distributed import Client, KilledWorker, WorkerPlugin, as_completed, get_worker
 
 from .. import REPOSITORY
 from ..records import Job, Result
@@ -96,7 +97,6 @@ def dask_setup(worker) -> None:
     """``dask worker --preload autograder.engine.distributed`` (what ``./course worker`` runs): warm up
     as the worker starts, before any grade command connects, so the first notebook waits for
     nothing. A worker whose sandbox cannot start still starts; the command's check says why."""
-    import logging
 
     from ..worker import pipeline  # noqa: F401  (torch, nbclient: what grading imports)
 
@@ -133,8 +133,6 @@ def grade_task(job: Job, digest: str, sandboxed: bool) -> Result:
         )
     result = grade_at(station(sandboxed), job)
     try:
-        from distributed import get_worker
-
         result.worker = f"{get_worker().name}/{result.worker}"
     except ValueError:
         pass
@@ -159,7 +157,6 @@ class DaskCluster:
 
     def connect(self) -> str | None:
         """None when the cluster is ready to grade, else what is wrong (in words)."""
-        from distributed import Client
 
         try:
             self.client = Client(self.address, timeout=CONNECT_SECONDS, set_as_default=False)
@@ -201,7 +198,6 @@ class DaskCluster:
 
     def run(self, jobs: list[Job], on_result, progress=None) -> list[str]:
         """Grade ``jobs`` on the cluster; ``on_result(result)`` here as each finishes; problems in words."""
-        from distributed import KilledWorker, as_completed
 
         problems = []
         run = f"course-grade-{uuid.uuid4().hex[:12]}"

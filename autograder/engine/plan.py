@@ -13,18 +13,31 @@ from pathlib import Path
 
 from course_checks.files import sweep_partial
 
-from .. import REPOSITORY
 from ..records import Job, Refused
 from ..sandboxing.bubblewrap import Limits, probe
 from . import runs
 from .collect import Collection
 from .course import CourseFolder
+from .runners import LocalPool
 
 
 def read_course(args) -> CourseFolder:
-    """The course of the current folder (its nbgrader_config.py), else this repository's."""
-    root = Path.cwd() if (Path.cwd() / "nbgrader_config.py").is_file() else REPOSITORY
-    course = CourseFolder(root, args.db)
+    """The course of the current folder: its nbgrader_config.py, and the source folder it names."""
+    root = Path.cwd()
+    if not (root / "nbgrader_config.py").is_file():
+        raise Refused(
+            f"{root} is not a course folder (no nbgrader_config.py): run the command in one, such as a "
+            "clone of the course (see the README: Grade a class)"
+        )
+    try:
+        course = CourseFolder(root, args.db)
+    except Exception as error:  # the instructor's own configuration file: any error it raises
+        raise Refused(f"{root / 'nbgrader_config.py'} cannot be read ({type(error).__name__}: {error})") from None
+    if not course.source.is_dir():
+        raise Refused(
+            f"{course.source} does not exist: the course's source folder (the solution notebooks, "
+            "CourseDirectory.source_directory in nbgrader_config.py) is needed to grade"
+        )
     known = course.notebooks()
     unknown = [a for a in args.assignments if a not in known]
     if unknown:
@@ -68,7 +81,7 @@ def check_outputs(args, course: CourseFolder) -> None:
 
 def _database_problem(db_url: str) -> str | None:
     try:
-        import sqlalchemy
+        import sqlalchemy  # here: for a database that is not SQLite only
 
         engine = sqlalchemy.create_engine(db_url)
         with engine.connect():
@@ -125,8 +138,6 @@ def grading_limits(args, course: CourseFolder) -> Limits:
 def choose_runner(args, course: CourseFolder, limits: Limits, sandboxed: bool, address: str | None):
     """This machine's pool, or a Dask cluster, connected and checked before anything is written."""
     if not address:
-        from .runners import LocalPool
-
         return LocalPool(course.root, limits, sandboxed, args.workers)
     from .distributed import DaskCluster  # Dask, imported only for a cluster
 

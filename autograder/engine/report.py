@@ -46,7 +46,7 @@ def exercise_name(cell: str) -> str:
 
 
 def gradebook_rows(course, summaries: dict) -> list[Row]:
-    from nbgrader.api import Gradebook
+    from nbgrader.api import Gradebook  # here: the report's own, imported as the run ends
 
     rows = []
     with Gradebook(course.db_url) as gradebook:
@@ -100,7 +100,7 @@ def export_csv(course, ledger, path: Path) -> list[Row]:
 def _png(figure) -> str:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # here: the report's own, imported as the run ends
 
     plt.close(figure)
     return '<img alt="" src="data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode() + '">'
@@ -123,10 +123,10 @@ def _table(header, body) -> str:
 
 
 def write_report(course, ledger, rows: list[Row], path: Path) -> None:
-    import matplotlib
+    import matplotlib  # here: the report's own, imported as the run ends
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # here: the report's own, imported as the run ends
 
     summaries = ledger.summaries()
     names = _mistake_names(summaries)

@@ -19,11 +19,13 @@ sandbox; a Dask worker process keeps one per thread it grades with.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as futures
 import multiprocessing
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from typing import Protocol
 from ..records import Job, Result
 from ..sandboxing.bubblewrap import HostAddress, Limits, SandboxHost, WarmSandbox, claim_slot
 from ..sandboxing.linux import die_with_parent
+from .runs import SCRATCH_PREFIX
 
 
 class Runner(Protocol):
@@ -152,7 +155,6 @@ def _pool_process_init(
     course_root: str, limits: Limits, sandboxed: bool, base_dir: str, host: HostAddress | None
 ) -> None:
     """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
-    import atexit
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -164,8 +166,6 @@ def _pool_process_init(
     station.give_back(station.take())  # ready
     _station.append(station)
     if os.environ.get("AUTOGRADER_TRACE"):
-        import sys
-
         print(f"[pool process {os.getpid()}] warm", file=sys.stderr, flush=True)
 
 
@@ -192,7 +192,6 @@ class LocalPool:
         # memory is shared by every pool process instead of copied into each.
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(POOL_PRELOAD)
-        from .runs import SCRATCH_PREFIX
 
         self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed
         # As root, one warm interpreter forks every worker's (they share its memory, nothing else).

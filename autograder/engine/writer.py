@@ -35,12 +35,14 @@ import json
 import resource
 import sqlite3
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from course_checks.files import write_atomically
 
+from ..compat import late_penalty
 from ..flags import REVIEW_FLAGS
 from ..records import Job, Result
 from .runs import STARTED, trace
@@ -109,8 +111,8 @@ class Writer:
     """Commits results; the only place that writes grades, graded notebooks and feedback."""
 
     def __init__(self, coursedir, config, db_url: str, ledger: Ledger):
-        from nbgrader.api import Gradebook
-        from nbgrader.preprocessors import AssignLatePenalties
+        from nbgrader.api import Gradebook  # here: the grade command starts without it
+        from nbgrader.preprocessors import AssignLatePenalties  # here: the grade command starts without it
 
         self.coursedir = coursedir
         self.config = config
@@ -166,7 +168,7 @@ class Writer:
     def _grades(self, result: Result) -> bool:
         """The result into the gradebook, one transaction; whether the gradebook knows more than the
         worker did (hand-given scores or comments, a late penalty), so the page must be rendered here."""
-        from nbgrader.utils import parse_utc
+        from nbgrader.utils import parse_utc  # here: the grade command starts without it
 
         gradebook = self.gradebook
         if result.student not in self.students:
@@ -190,11 +192,9 @@ class Writer:
             if submission.total_seconds_late > 0:
                 gradebook.db.flush()
                 gradebook.db.refresh(notebook)  # its score, from the grades just written
-                penalty = self.late.plugin_inst.late_submission_penalty(
-                    result.student, notebook.score, submission.total_seconds_late
+                notebook.late_submission_penalty = late_penalty(
+                    self.late, notebook, result.student, submission.total_seconds_late
                 )
-                if penalty is not None:
-                    notebook.late_submission_penalty = self.late._check_late_penalty(notebook, penalty)
             if any(flag in REVIEW_FLAGS for flag in result.flags):
                 notebook.flagged = True  # never cleared here: a human's flag stays
             knows_more = bool(
@@ -209,7 +209,7 @@ class Writer:
         return knows_more
 
     def _gradebook_pages(self):
-        from ..worker.feedback import FeedbackPages
+        from ..worker.feedback import FeedbackPages  # here: the grade command starts without it
 
         if self._pages is None:
             self._pages = FeedbackPages(self.config, from_gradebook=True)
@@ -230,7 +230,7 @@ class Graded:
 
 def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
     """The runner grades; this process commits each result as it arrives (the one writer)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # here: the grade command starts without it
 
     graded = Graded()
     writer = Writer(course.coursedir, course.config, course.db_url, ledger)
@@ -288,7 +288,6 @@ _warming: list = []
 
 def _warm_matplotlib() -> None:
     """The report needs pyplot; importing it while the workers grade keeps it out of the tail."""
-    import threading
 
     if _warming:
         return
@@ -296,7 +295,7 @@ def _warm_matplotlib() -> None:
 
     def load():
         try:
-            import matplotlib
+            import matplotlib  # here: the grade command starts without it
 
             matplotlib.use("Agg")
             import matplotlib.pyplot  # noqa: F401

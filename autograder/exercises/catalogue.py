@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from course_checks.cases import Case, ModuleCase
 
 __all__ = ["Case", "ModuleCase", "module_case", "Mistake", "Exercise"]
@@ -34,7 +36,6 @@ def module_case(
     ``torch.manual_seed(seed)`` and randomised: default inits (norm weights all 1, zero biases) would
     hide mistakes such as swapped or unused weights. Only the weights travel with the case, never the
     reference class."""
-    import torch
 
     init_kwargs = dict(init_kwargs or {})
     with torch.random.fork_rng():

@@ -76,6 +76,25 @@ class CacheScript(Case):
                 results.extend(cache.update(layer, k.clone(), v.clone()))
         return tuple(results)
 
+    @property
+    def item_names(self) -> tuple:
+        """What each item of the result is, for a message that says which differs (``compare.close``)."""
+        names, calls = [], 0
+        for step in self.steps:
+            if step[0] == "length":
+                names.append(f"`length` after {calls} update calls" if calls else "`length` of the new cache")
+            else:
+                calls += 1
+                positions = step[2].shape[2]
+                where = f"(layer {step[1]}, {positions} new position{'s' if positions != 1 else ''})"
+                names += [f"the {kind} update call {calls} returned {where}" for kind in ("keys", "values")]
+        return tuple(names)
+
+
+def _span(first, last) -> str:
+    first, last = int(first), int(last)
+    return f"position {first}" if first == last else f"positions {first} to {last}"
+
 
 def _prompt_then_tokens(g, n_layers, B, G, Dh, prompt, new_tokens, chunk=0):
     steps = [("length",)]
@@ -213,6 +232,17 @@ class AttendScript(Case):
             held.append(cache.keys.get(layer, torch.zeros(0)))
             held.append(cache.values.get(layer, torch.zeros(0)))
         return tuple(outputs + held)
+
+    @property
+    def item_names(self) -> tuple:
+        layers, steps = self.args
+        names = [
+            f"the output of call {i} (layer {layer}, {_span(p[0], p[-1])})"
+            for i, (layer, _, p) in enumerate(steps, start=1)
+        ]
+        for layer in range(len(layers)):
+            names += [f"the {kind} cached for layer {layer} at the end" for kind in ("keys", "values")]
+        return tuple(names)
 
 
 def _attend_steps(g, n_layers, B, D, prompt, singles, chunk=0):
@@ -371,6 +401,14 @@ class ForwardScript(Case):
         cache = self.cache_class()
         outputs = [function(model, chunk, cache) for chunk in chunks]
         return tuple(outputs) + (int(cache.length),)
+
+    @property
+    def item_names(self) -> tuple:
+        names, start = [], 0
+        for i, chunk in enumerate(self.args[1], start=1):
+            names.append(f"the logits of call {i} (the tokens at {_span(start, start + chunk.shape[1] - 1)})")
+            start += chunk.shape[1]
+        return (*names, "`cache.length` at the end")
 
 
 def _chunks(tokens, sizes):

@@ -82,6 +82,10 @@ class ConfigCase(Case):
         config = cls(*self.args, **self.kwargs)
         return tuple(getattr(config, name) for name in FIELDS)
 
+    @property
+    def item_names(self) -> tuple:
+        return () if self.expect_error else tuple(f"field `{name}`" for name in FIELDS)
+
 
 def model_config_cases(ref):
     sizes = dict(vocab_size=59, d_model=96, n_layers=3, n_heads=4, n_kv_heads=2, d_hidden=256)

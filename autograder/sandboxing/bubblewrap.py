@@ -8,8 +8,9 @@ every notebook. The sandbox has
 - no network (its own network namespace, only a loopback device);
 - a read-only system: /usr, the Python installation and the virtual
   environment, the course's own Python packages (``autograder``, the kernel
-  side ``course_checks``, the widgets), ``assets/``; nothing else of the course, so no ``solutions/``,
-  and none of the class's data (``coursework/``: gradebook, submissions, feedback);
+  side ``course_checks``, the widgets with their data), the course's
+  ``assets/``; nothing else of the course, so no ``solutions/``, and none
+  of the class's data (``coursework/``: gradebook, submissions, feedback);
 - a private /tmp and notebook working folder (size-limited tmpfs), emptied
   before every notebook, and the worker's socket folder, read-only once the
   kernel is up;
@@ -28,6 +29,7 @@ which case the same zygote runs as a plain process (limits, but no isolation).
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -35,6 +37,8 @@ import secrets
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -111,7 +115,6 @@ def claim_slot(limit: int = 512) -> int:
     workers) never share a process-count limit. Each slot is an exclusive lock
     on a file; the kernel releases it when the process ends, however it ends.
     """
-    import fcntl
 
     folder = Path(tempfile.gettempdir()) / f"autograder-slots-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
@@ -180,12 +183,11 @@ def read_only_binds(course_root: Path) -> list[tuple[str, Path, Path]]:
         folder = _package_folder(name)
         if folder is not None:
             binds.append(("--ro-bind", folder, folder))
-    widgets = _package_folder("course_widgets")
-    # The course's data: beside the notebooks, and beside the widget package,
-    # which reads it from there (notebook 07's corpus), when the two differ.
-    for assets in dict.fromkeys([course_root / "assets", *([widgets.parent / "assets"] if widgets else [])]):
-        if assets.is_dir():
-            binds.append(("--ro-bind", assets, assets))
+    # The course's data beside the notebooks, if it has any (the widgets' own data, notebook 07's
+    # corpus, is package data inside course_widgets/, bound above)
+    assets = course_root / "assets"
+    if assets.is_dir():
+        binds.append(("--ro-bind", assets, assets))
     return binds
 
 
@@ -592,8 +594,6 @@ class HostedInterpreter:
     def ask(cls, host: HostAddress, config: dict, uid: int | None, timeout: float) -> HostedInterpreter:
         """Connect to the host (waiting while it warms up), send the worker's configuration, and
         read the forked interpreter's first line."""
-        import socket
-        import struct
 
         deadline = time.monotonic() + timeout
         while True:

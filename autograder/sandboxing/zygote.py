@@ -43,12 +43,16 @@ Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``; or, as root,
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import gc
 import json
 import os
 import resource
+import select
 import signal
+import socket
+import struct
 import sys
 import time
 
@@ -531,7 +535,7 @@ class Zygote:
         for folder in ("HOME", "TMPDIR", "IPYTHONDIR", "MPLCONFIGDIR", "JUPYTER_RUNTIME_DIR"):
             if folder in os.environ:
                 os.makedirs(os.environ[folder], exist_ok=True)
-        from ipykernel.kernelapp import IPKernelApp
+        from ipykernel.kernelapp import IPKernelApp  # here, in the forked kernel: the zygote preloaded it
 
         app = IPKernelApp.instance()
         app.initialize(["-f", request["connection_file"], *request.get("arguments", [])])
@@ -666,9 +670,6 @@ def _folder(path: str) -> None:
 
 def _loopback_up() -> None:
     """The new network namespace's loopback interface up, as bubblewrap leaves it."""
-    import fcntl
-    import socket
-    import struct
 
     request = struct.pack("16sh14x", b"lo", 0)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -731,8 +732,6 @@ def _hatch(channel, host_config: dict) -> None:
 
 def host(config: dict) -> None:
     """The host's loop: warm up once, then fork one interpreter per worker that connects."""
-    import select
-    import socket
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.update(config.get("env", {}))

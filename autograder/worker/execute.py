@@ -29,16 +29,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from queue import Empty
 
-from jupyter_client.manager import AsyncKernelManager
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
-from nbgrader.preprocessors import Execute
 
 from ..cells import error_output, graded_id
+from ..compat import ForkedKernelManager, ObservedExecute, accept_kernel_info
 from ..sandboxing.bubblewrap import Limits, SandboxGone, WarmSandbox
 
 
-class SandboxKernelManager(AsyncKernelManager):
+class SandboxKernelManager(ForkedKernelManager):
     """A Jupyter kernel forked by a ``WarmSandbox``; nbclient drives it like any other."""
 
     def __init__(
@@ -77,7 +76,7 @@ class SandboxKernelManager(AsyncKernelManager):
     def ipykernel(self) -> bool:
         return True
 
-    async def _async_start_kernel(self, **kwargs) -> None:  # type: ignore[override]
+    async def start(self, **kwargs) -> None:
         self.kernel_dir.mkdir(parents=True, exist_ok=True)
         self.sandbox.own(self.kernel_dir, writable=True)
         self.write_connection_file()
@@ -96,13 +95,11 @@ class SandboxKernelManager(AsyncKernelManager):
         )
         self._pid = reply["pid"]
 
-    start_kernel = _async_start_kernel
-
     def lock(self) -> None:
         """Once the kernel has made its sockets, the notebook may not write there any more."""
         self.sandbox.own(self.kernel_dir, writable=False)
 
-    async def _async_is_alive(self) -> bool:  # type: ignore[override]
+    async def alive(self) -> bool:
         if self._pid is None:
             return False
         try:
@@ -110,7 +107,7 @@ class SandboxKernelManager(AsyncKernelManager):
         except SandboxGone:
             return False
 
-    async def _async_interrupt_kernel(self) -> None:  # type: ignore[override]
+    async def interrupt(self) -> None:
         """Interrupt the kernel, first killing what it started (a fork bomb would starve it)."""
         if self._pid is not None:
             try:
@@ -134,7 +131,7 @@ class SandboxKernelManager(AsyncKernelManager):
             self.cpu = reply["cpu"]
         return int(reply.get("killed", 0))
 
-    async def _async_shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+    async def shutdown(self) -> None:
         try:
             reply = self.sandbox.reset(self._pid)
             if reply.get("cpu") is not None:
@@ -142,9 +139,9 @@ class SandboxKernelManager(AsyncKernelManager):
         except SandboxGone:
             pass
         self._pid = None
-        await self.cleanup_resources()
+        await self.cleanup()
 
-    async def _async_cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
+    async def cleanup(self) -> None:
         try:
             self.cleanup_connection_file()
             self.cleanup_ipc_files()
@@ -152,12 +149,6 @@ class SandboxKernelManager(AsyncKernelManager):
             pass
         if self.kernel_dir.exists():
             shutil.rmtree(self.kernel_dir, ignore_errors=True)
-
-    # jupyter_client calls both the public and the underscored names
-    is_alive = _async_is_alive
-    interrupt_kernel = _async_interrupt_kernel
-    shutdown_kernel = _async_shutdown_kernel
-    cleanup_resources = _async_cleanup_resources
 
 
 def output_size(msg_type: str, content: dict) -> int:
@@ -202,7 +193,7 @@ class Execution:
     errored: list[int] = field(default_factory=list)  # cells whose last run the kernel said ended in an error
 
 
-class ContainedExecute(Execute):
+class ContainedExecute(ObservedExecute):
     """nbgrader's Execute, one cell at a time, in fresh sandboxed kernels after faults."""
 
     def __init__(
@@ -246,9 +237,8 @@ class ContainedExecute(Execute):
         else:
             self._errored.add(cell_index)
 
-    async def _async_handle_timeout(self, timeout, cell=None):
+    def timed_out(self, cell) -> None:
         self._timed_out = True
-        return await super()._async_handle_timeout(timeout, cell)
 
     def _cap(self) -> int:
         return int(self.limits.output_mb * 1024 * 1024)
@@ -268,16 +258,16 @@ class ContainedExecute(Execute):
             content["traceback"] = [str(line)[:2000] for line in content.get("traceback", [])[-20:]]
         return super().output(outs, msg, display_id, cell_index)
 
-    def _update_display_id(self, display_id, msg):
+    def display_update(self, display_id, msg) -> bool:
         """An update replaces a display's data in place: it counts against the cells it lands in."""
         size = output_size("display_data", msg.get("content", {}))
-        cells = list(self._display_id_map.get(display_id, {}))
+        cells = self.cells_showing(display_id)
         for index in cells:
             self._printed[index] = self._printed.get(index, 0) + size
         if any(self._printed[index] > self._cap() for index in cells):
             self._cut.update(cells)
-            return None
-        return super()._update_display_id(display_id, msg)
+            return False
+        return True
 
     # ------------------------------------------------------------ kernels
     async def _ready(self, deadline: float) -> None:
@@ -303,7 +293,7 @@ class ContainedExecute(Execute):
                 got_any = True
                 if msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "kernel_info_reply":
                     if not replied:
-                        kc._handle_kernel_info_reply(msg)
+                        accept_kernel_info(kc, msg)
                     replied = True
             except Empty:
                 pass

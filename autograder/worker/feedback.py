@@ -32,9 +32,16 @@ import json
 import re
 from pathlib import Path
 
+import nbformat
+import nbgrader
 import nh3
 from nbconvert.exporters import HTMLExporter
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbconvert.preprocessors import Preprocessor
+from nbformat.v4 import new_output
+from nbgrader import utils
+from nbgrader.converters import GenerateFeedback
+from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Unicode
 
@@ -119,8 +126,6 @@ class HideHiddenTests(Preprocessor):
         shown = _letters(output_text(output))
         if not any(secret in shown for secret in self.secrets):
             return output
-        from nbformat.v4 import new_output
-
         if output.get("output_type") == "error":  # still an error, still the cell's failure
             return new_output("error", ename=output.get("ename", "Error"), evalue=WITHHELD, traceback=[WITHHELD])
         return new_output("stream", name="stdout", text=WITHHELD + "\n")
@@ -166,8 +171,6 @@ def inert_html(markup: str) -> str:
 
 def inert_markdown(source: str) -> str:
     """Markdown rendered as nbconvert renders it, then kept to the allow-list (HTML is markdown too)."""
-    from nbconvert.filters.markdown_mistune import markdown2html_mistune
-
     return inert_html(markdown2html_mistune(source))
 
 
@@ -196,8 +199,6 @@ def inert_output(output):
 def inert_notebook(nb, released_json: str) -> None:
     """Keep the graded notebook to the allow-list: the markdown and raw cells the release did not hold
     (as released they are the instructor's), and every output."""
-    import nbformat
-
     released = {
         (cell.cell_type, cell.source)
         for cell in nbformat.reads(released_json, as_version=4).cells
@@ -237,8 +238,6 @@ class InertFeedbackExporter(HTMLExporter):
     formgrader's feedback button); the formgrader's own pages keep their exporter."""
 
     def __init__(self, config=None, **kwargs):
-        import nbgrader
-
         nbgrader_templates = Path(nbgrader.__file__).resolve().parent / "server_extensions" / "formgrader" / "templates"
         # Over the configuration, which names nbgrader's template: this one wraps it.
         kwargs.update(
@@ -283,7 +282,6 @@ class GivenGrades(NbGraderPreprocessor):
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
-        from nbgrader import utils
 
         grade_id = nbgrader_of(cell).get("grade_id")
         if utils.is_solution(cell) or utils.is_task(cell):
@@ -304,8 +302,6 @@ class FeedbackPages:
     """
 
     def __init__(self, config, from_gradebook: bool = False):
-        from nbgrader.converters import GenerateFeedback
-        from nbgrader.coursedir import CourseDirectory
 
         config = config.copy()
         config.GenerateFeedback.exporter_class = InertFeedbackExporter
@@ -329,7 +325,6 @@ class FeedbackPages:
         grades: dict | None = None,
         comments: dict | None = None,
     ) -> str:
-        import nbformat
 
         resources = {
             "unique_key": notebook,

@@ -12,7 +12,10 @@ cells are restored, and the checks run and are judged outside the notebook.
 from __future__ import annotations
 
 import ast
+import math
 from dataclasses import dataclass, field
+
+from IPython.core.inputtransformer2 import TransformerManager
 
 from ..cells import nbgrader_of, tracked_id
 from ..flags import (
@@ -53,8 +56,6 @@ class Inspection:
 def _python(source: str) -> str:
     """Cell source as plain Python (IPython magics turned into calls)."""
     try:
-        from IPython.core.inputtransformer2 import TransformerManager
-
         return TransformerManager().transform_cell(source)
     except Exception:
         return source
@@ -273,7 +274,6 @@ def restore_grading_metadata(nb, view: GradebookView) -> Inspection:
     then graded as usual. Changed but possible points are nbgrader's
     ``OverwriteCells``' to restore (``inspect`` flags them).
     """
-    import math
 
     result = Inspection()
     records = {c.name: c for c in view.notebook.source_cells}

@@ -11,6 +11,8 @@ display hook; ``disagreements`` names the cells where that rule would have score
 
 from __future__ import annotations
 
+from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
+
 from ..cells import error_output, graded_id, nbgrader_of
 from ..flags import CHECKS_MISSING, PATCHED_FUNCTIONS
 from ..messages import mistake_of, tagged, tampering_message
@@ -107,8 +109,6 @@ def decided_scores(nb, records: list[CheckRecord], execution) -> dict[str, float
 
 def disagreements(nb, decided: dict[str, float]) -> list[str]:
     """The test cells that nbgrader's own rule would score differently from the verdicts, and why."""
-    from nbgrader.utils import determine_grade
-
     found = []
     for _, cell in _autograded_tests(nb):
         gid = nbgrader_of(cell).get("grade_id")
@@ -143,7 +143,6 @@ def grades_of(nb, decided: dict[str, float] | None = None) -> tuple[dict, dict]:
     """What nbgrader's ``SaveAutoGrades`` writes for this autograded notebook, with the points of
     ``decided`` (``decided_scores``) for the test cells it holds, nbgrader's rules for any other:
     ({grade cell id: [auto score, max points]}, {answer or task cell id: auto comment})."""
-    from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
     scores, comments = {}, {}
     for cell in nb.cells:

@@ -1,4 +1,4 @@
-"""Benchmark of ``./course grade``: ``./course bench grading`` (``python tests/bench_grading.py``).
+"""Benchmark of ``./course grade``: ``./course bench grading`` (``python tools/bench/grading.py``).
 
     ./course bench grading [--students 2] [--classes clean,mixed] [--skip-stock] [--skip-distributed]
                            [--writer 400] [--keep DIR]
@@ -44,7 +44,8 @@ from pathlib import Path
 import nbformat
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the tests' harness (synthetic classes, the local Dask cluster) is the benchmark's too
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 
 # ---------------------------------------------------------------- the class

@@ -29,8 +29,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the tests' harness (notebook runner, browser driver, synthetic classes) is the benchmark's too
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from browser_harness import (  # noqa: E402
     CHROMIUM,
