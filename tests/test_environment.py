@@ -228,12 +228,21 @@ def test_ci_runs_the_readme_test_command_and_nothing_else():
     assert "./course lab" in (REPOSITORY / "README.md").read_text()
 
 
+def stamped_files() -> list[Path]:
+    """The files whose digest ./course's stamp records (its setup_python): a change to any re-installs."""
+    return sorted(REQUIREMENTS.glob("*.txt")) + [
+        REQUIREMENTS / "student.in",
+        REPOSITORY / "pyproject.toml",
+        REPOSITORY / "autograder" / "pyproject.toml",
+    ]
+
+
 def test_setup_is_a_no_op_when_nothing_changed():
     import hashlib
 
     venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
     stamp = venv / ".course-installed"
-    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
+    files = stamped_files()
     wanted = hashlib.sha256(b"".join(path.read_bytes() for path in files))
     if not stamp.exists() or stamp.read_text().split()[0] != wanted.hexdigest():
         pytest.skip("this test run did not come through ./course (the set-up is not current)")
@@ -306,7 +315,7 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
     import shutil
 
     venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
-    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
+    files = stamped_files()
     stamp = venv / ".course-installed"
     if not stamp.exists() or stamp.read_text().split() != [
         hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest(),
@@ -315,7 +324,8 @@ def test_lock_command_reproduces_the_committed_locks(tmp_path):
         pytest.skip("this test run did not come through ./course with the dev set (the set-up is not current)")
     copy = tmp_path / "course"
     copy.mkdir()
-    for name in ("course", "pyproject.toml"):
+    for name in ("course", "pyproject.toml", "autograder/pyproject.toml"):
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPOSITORY / name, copy / name)
     shutil.copytree(REQUIREMENTS, copy / "requirements")
     result = subprocess.run(
