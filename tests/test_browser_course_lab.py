@@ -43,7 +43,8 @@ def course_setup_is_current() -> bool:
     copy's ./course lab starts at once on it instead of installing."""
     stamp = Path(sys.prefix) / ".course-installed"
     files = [*sorted((REPOSITORY / "requirements").glob("*.txt")), REPOSITORY / "requirements" / "student.in"]
-    wanted = hashlib.sha256(b"".join(path.read_bytes() for path in [*files, REPOSITORY / "pyproject.toml"]))
+    files += [REPOSITORY / "pyproject.toml", REPOSITORY / "autograder" / "pyproject.toml"]  # as ./course reads them
+    wanted = hashlib.sha256(b"".join(path.read_bytes() for path in files))
     return stamp.exists() and stamp.read_text().split()[0] == wanted.hexdigest()
 
 
