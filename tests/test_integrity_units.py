@@ -402,6 +402,8 @@ def test_where_user_namespaces_are_not_allowed_kernels_are_plain_children(tmp_pa
     result = subprocess.run(
         [sys.executable, "-c", program], cwd=REPOSITORY, capture_output=True, text=True, timeout=600
     )
+    if result.returncode == 3:
+        pytest.skip("no user namespace can be made here, so none can be refused either")
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, (result.returncode, result.stderr[-3000:])
     seen = json.loads(lines[-1][len("RESULT ") :])
