@@ -3,6 +3,7 @@ it, what is refused, and the check calls read from a cell's text."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -70,3 +71,19 @@ def test_check_calls_are_read_from_text():
         '### BEGIN HIDDEN TESTS\nfrom course_checks.checks import check; check("01_attention", "softmax", globals())'
     )
     assert verdict.expected_checks(source) == [("01_attention", "softmax")]
+
+
+def test_decoding_is_bounded():
+    with pytest.raises(verdict.ProtocolError):
+        verdict.encode([[0.5] * 1000] * 2000)
+    many = {"sequence": "list", "items": [{"value": 0}] * (verdict.MAX_ITEMS + 1)}
+    with pytest.raises(verdict.ProtocolError):
+        verdict.decode(many)
+    line = json.dumps({"op": "result", "outputs": [{"value": 0}] * 3_000_000}).encode() + b"\n"
+
+    class Stream:
+        def readline(self, limit):
+            return line[:limit]
+
+    with pytest.raises(verdict.ProtocolError):
+        verdict.read_line(Stream())
