@@ -41,12 +41,14 @@ c.Execute.extra_arguments = [
     "--IPKernelApp.exec_lines=import course_checks.kernel_boot",
 ]
 
-# Feedback shows each check's outcome and message, never hidden test code.
+# Feedback shows each check's outcome and message, never hidden test code, and runs nothing of the
+# submission: nbgrader's feedback page in an inert template (no script at all, a sanitized body).
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
     "autograder.worker.feedback.HideHiddenTests",
 ]
+c.GenerateFeedback.exporter_class = "autograder.worker.feedback.InertFeedbackExporter"
 
 # Flat, LMS-style file names (an LMS's bulk download, `./course grade --from
 # download.zip`, or `nbgrader zip_collect`): <student>_<notebook>.ipynb, with an

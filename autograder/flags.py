@@ -22,6 +22,9 @@ PATCHED_FUNCTIONS = "patched-functions"
 FORGED_METADATA = "grading-metadata-forged"
 CHECKS_MISSING = "hidden-checks-missing"
 WRONG_FILE_NAME = "wrong-file-name"
+# a test cell whose outputs would score differently by nbgrader's own rule (its first execute_result, a
+# number read as points, stderr) than its checks' verdicts do: the verdicts count (worker.verdicts)
+OUTPUTS_DISAGREE = "outputs-disagree-with-checks"
 
 REVIEW_FLAGS = frozenset(
     {
@@ -34,6 +37,7 @@ REVIEW_FLAGS = frozenset(
         FORGED_METADATA,
         CHECKS_MISSING,
         WRONG_FILE_NAME,
+        OUTPUTS_DISAGREE,
         GRADING_FAILED,
     }
 )

@@ -174,7 +174,7 @@ class Result:
     messages: list = field(default_factory=list)  # for the instructor
     flags: list = field(default_factory=list)
     checks: list = field(default_factory=list)  # CheckRecord
-    scores: dict = field(default_factory=dict)  # grade id -> [score, max]: SaveAutoGrades' auto scores
+    scores: dict = field(default_factory=dict)  # grade id -> [score, max]: the auto scores (test cells': the verdicts')
     comments: dict = field(default_factory=dict)  # answer cell id -> SaveAutoGrades' auto comment (or None)
     cell_seconds: float = 0.0
     cell_cpu_seconds: float = 0.0

@@ -10,8 +10,10 @@ and applies its changes; the student id is the entry's id. Used by
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import textwrap
+from html.parser import HTMLParser
 from pathlib import Path
 
 import nbformat
@@ -66,10 +68,19 @@ def submit(course: Course, entry: dict) -> Path:
         return path
 
     def edit(notebook):
-        if "code" in entry:
-            notebook.cells.insert(
-                _index(notebook, entry["insert_after"]) + 1, nbformat.v4.new_code_cell(fill(entry["code"], course))
+        added = [
+            maker(fill(entry[key], course))
+            for key, maker in (
+                ("markdown", nbformat.v4.new_markdown_cell),
+                ("raw_cell", nbformat.v4.new_raw_cell),
+                ("code", nbformat.v4.new_code_cell),
             )
+            if key in entry
+        ]
+        if "raw_cell" in entry:  # rendered as HTML by nbconvert, like JupyterLab's "raw HTML" cells
+            added[-2 if "code" in entry else -1].metadata["raw_mimetype"] = "text/html"
+        at = _index(notebook, entry["insert_after"]) + 1 if added else 0
+        notebook.cells[at:at] = added
         for grade_id, source in (entry.get("edit") or {}).items():
             notebook.cells[_index(notebook, grade_id)].source = source
         for grade_id in entry.get("delete") or []:
@@ -100,6 +111,49 @@ def submit_all(course: Course, only=None) -> list[dict]:
     for entry in entries:
         submit(course, entry)
     return entries
+
+
+class _LiveMarkup(HTMLParser):
+    """What in a piece of HTML a browser would run: script elements, event handlers, javascript: URLs."""
+
+    def __init__(self):
+        super().__init__()
+        self.found = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "script":
+            self.found.append("<script>")
+        for name, value in attrs:
+            if name.lower().startswith("on"):
+                self.found.append(f"<{tag} {name}>")
+            if re.sub(r"\s", "", value or "").lower().startswith(("javascript:", "vbscript:")):
+                self.found.append(f"<{tag} {name}={value!r}>")
+
+
+def live_markup(notebook: dict) -> list[str]:
+    """What in a graded notebook's markdown, raw cells and outputs a browser would run once rendered (the
+    formgrader shows the instructor these): script elements, event handlers, ``javascript:`` URLs,
+    JavaScript outputs."""
+    from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+    found = []
+    for index, cell in enumerate(notebook["cells"]):
+        source = "".join(cell["source"])
+        pages = {"markdown": [markdown2html_mistune(source)], "raw": [source]}.get(cell["cell_type"], [])
+        for output in cell.get("outputs", []):
+            for kind, value in output.get("data", {}).items():
+                text = "".join(value) if isinstance(value, list) else str(value)
+                if "javascript" in kind:
+                    found.append(f"cell {index}: a {kind} output")
+                elif kind == "text/markdown":
+                    pages.append(markdown2html_mistune(text))
+                elif kind in ("text/html", "image/svg+xml"):
+                    pages.append(text)
+        for page in pages:
+            parser = _LiveMarkup()
+            parser.feed(page)
+            found += [f"cell {index}: {what}" for what in parser.found]
+    return found
 
 
 def verify(course: Course, entry: dict, summary: dict) -> None:
@@ -133,6 +187,9 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
         assert fill(text, course) not in page, text
     for relative in expect.get("host_untouched", []):
         assert not (course.root / relative).exists(), relative
+    if expect.get("autograded_inert"):
+        live = live_markup(course.autograded(student, ASSIGNMENT))
+        assert not live, live
     if expect.get("autograded_max_mb"):
         path = course.root / "coursework" / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
         assert path.stat().st_size < expect["autograded_max_mb"] * 2**20, path.stat().st_size

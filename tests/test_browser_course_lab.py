@@ -17,14 +17,12 @@ Neither lab writes any configuration into the user's Jupyter folder (tools/lab-c
 through JUPYTER_CONFIG_PATH).
 """
 
-import hashlib
 import os
 import sys
 from pathlib import Path
 
 import pytest
 from browser_harness import (
-    REPOSITORY,
     JupyterLab,
     LabNotebook,
     copy_course,
@@ -32,19 +30,11 @@ from browser_harness import (
     needs_chromium,
     news_question_shown,
 )
+from course_setup import require_course_setup
 
 pytestmark = needs_chromium
 
 NOTEBOOK_00 = "notebooks/00_start_here/00_start_here.ipynb"
-
-
-def course_setup_is_current() -> bool:
-    """The venv of this test run is set up as ./course would set it up (its stamp is current), so a
-    copy's ./course lab starts at once on it instead of installing."""
-    stamp = Path(sys.prefix) / ".course-installed"
-    files = [*sorted((REPOSITORY / "requirements").glob("*.txt")), REPOSITORY / "requirements" / "student.in"]
-    wanted = hashlib.sha256(b"".join(path.read_bytes() for path in [*files, REPOSITORY / "pyproject.toml"]))
-    return stamp.exists() and stamp.read_text().split()[0] == wanted.hexdigest()
 
 
 class LabAsLaunched(JupyterLab):
@@ -75,8 +65,7 @@ class LabAsLaunched(JupyterLab):
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    if not course_setup_is_current():
-        pytest.skip("this test run did not come through ./course (the set-up is not current)")
+    require_course_setup()  # a copy's ./course lab then starts at once on this venv instead of installing
     return copy_course(tmp_path_factory.mktemp("clone") / "course")
 
 

@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import course_setup
 import pytest
 import yaml
+from course_setup import COURSE_SCRIPT, require_course_setup, stamped_files
 from packaging.requirements import Requirement
 
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -229,14 +231,7 @@ def test_ci_runs_the_readme_test_command_and_nothing_else():
 
 
 def test_setup_is_a_no_op_when_nothing_changed():
-    import hashlib
-
-    venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
-    stamp = venv / ".course-installed"
-    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
-    wanted = hashlib.sha256(b"".join(path.read_bytes() for path in files))
-    if not stamp.exists() or stamp.read_text().split()[0] != wanted.hexdigest():
-        pytest.skip("this test run did not come through ./course (the set-up is not current)")
+    require_course_setup()
     result = subprocess.run([str(REPOSITORY / "course"), "setup"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "installing" not in result.stderr
@@ -302,21 +297,13 @@ def test_readme_pictures_are_in_the_repository():
 def test_lock_command_reproduces_the_committed_locks(tmp_path):
     """`./course lock` on an unchanged tree writes the committed locks again, byte for byte: nobody
     edited a lock by hand, and every .in change was locked. uv asks PyPI only (no PyTorch index)."""
-    import hashlib
-    import shutil
-
-    venv = Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
-    files = sorted(REQUIREMENTS.glob("*.txt")) + [REQUIREMENTS / "student.in", REPOSITORY / "pyproject.toml"]
-    stamp = venv / ".course-installed"
-    if not stamp.exists() or stamp.read_text().split() != [
-        hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest(),
-        "dev",
-    ]:
-        pytest.skip("this test run did not come through ./course with the dev set (the set-up is not current)")
+    require_course_setup("dev")
+    venv = course_setup.venv()
     copy = tmp_path / "course"
-    copy.mkdir()
-    for name in ("course", "pyproject.toml"):
-        shutil.copy2(REPOSITORY / name, copy / name)
+    (copy / "autograder").mkdir(parents=True)
+    for path in [COURSE_SCRIPT, *stamped_files()]:
+        if path.parent != REQUIREMENTS:  # the requirements folder is copied whole below
+            shutil.copy2(path, copy / path.relative_to(REPOSITORY))
     shutil.copytree(REQUIREMENTS, copy / "requirements")
     result = subprocess.run(
         [str(copy / "course"), "lock"],
@@ -391,3 +378,11 @@ def test_course_lab_student_config_turns_off_what_post_build_turns_off():
         (REPOSITORY / "tools" / "lab-config" / "course" / "labconfig" / "default_setting_overrides.json").read_text()
     )
     assert news["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+
+
+def test_the_stamp_covers_every_file_the_set_up_installs_from():
+    """./course's stamp (read by tests/course_setup.py from the script) digests the locks, the
+    student pins and both distributions' pyproject files: a change to any of them sets up again."""
+    wanted = {*REQUIREMENTS.glob("*.txt"), REQUIREMENTS / "student.in"}
+    wanted |= {REPOSITORY / "pyproject.toml", REPOSITORY / "autograder" / "pyproject.toml"}
+    assert set(stamped_files()) == wanted

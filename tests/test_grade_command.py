@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser_harness import CHROMIUM
 from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
 from hostile_submissions import ASSIGNMENT, load_catalogue, submit_all, verify
 
@@ -177,6 +178,47 @@ class TestHostileClass:
         assert "Most common misconceptions:" in run[1].stdout
         assert "tampering" not in run[1].stdout.split("Most common misconceptions:", 1)[1].splitlines()[0]
 
+    @pytest.mark.browser
+    @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
+    def test_feedback_pages_run_nothing_from_the_submission(self, run, browser):
+        """The hostile markup of ``scripts-in-feedback`` (a markdown script, an img onerror, javascript: links,
+        a raw HTML cell, HTML, JavaScript, SVG and markdown outputs) opened in chromium: the page shows the
+        learner's text and outputs, and nothing of the submission ran, even when its links are clicked."""
+        course, _, _ = run
+        page = browser.new_page()
+        try:
+            page.set_content("<script>window.pwned = 'probe'</script>")  # the probe sees a script that runs
+            assert page.evaluate("window.pwned") == "probe"
+            feedback = coursework(course) / "feedback" / "scripts-in-feedback" / ASSIGNMENT / f"{ASSIGNMENT}.html"
+            page.goto(feedback.as_uri())
+            page.wait_for_load_state("load")
+            for text in ("read more", "this", "a link"):
+                for link in page.get_by_text(text, exact=True).all():
+                    link.click(timeout=2000)
+            page.wait_for_timeout(500)  # an onerror of a missing image would have fired by now
+            assert page.evaluate("window.pwned") is None
+            assert page.title() == ASSIGNMENT
+            assert page.url == feedback.as_uri(), "a link navigated away"
+            policy = page.locator('meta[http-equiv="Content-Security-Policy"]').get_attribute("content")
+            assert "script-src 'none'" in policy, policy
+            shown = page.inner_text("body")
+            for text in ("My notes", "raw notes", "bold output", "outputs shown"):
+                assert text in shown, text
+        finally:
+            page.close()
+
+    def test_nbgrader_generate_feedback_makes_the_same_inert_page(self, run):
+        """nbgrader's own ``generate_feedback`` (after grading by hand) uses the same inert template
+        (``nbgrader_config.py``): the policy, no script, the learner's text still there."""
+        from grading_harness import nbgrader
+
+        course, _, _ = run
+        student = "scripts-in-feedback"
+        nbgrader("generate_feedback", ASSIGNMENT, "--force", "--student", student, cwd=course.root)
+        page = (coursework(course) / "feedback" / student / ASSIGNMENT / f"{ASSIGNMENT}.html").read_text()
+        assert "script-src 'none'" in page and "<script" not in page.lower()
+        assert "My notes" in page and "bold output" in page
+
     def test_rerun_grades_only_new_or_changed_submissions(self, run):
         """Last in the class: it changes the class."""
         course, _, _ = run
@@ -191,6 +233,71 @@ class TestHostileClass:
         assert "Graded 2 notebook(s)" in third.stdout, third.stdout
         assert self.scores(course, "one-mistake") == self.full(course)
         assert course.scores("late-joiner", "00_start_here") == course.max_scores("00_start_here")
+
+
+# ---------------------------------------------------------------- a student after a hostile one
+
+
+WORKER_CHANGING = [entry for entry in CATALOGUE if entry.get("worker_changing")]
+FINDS_IPC = next(entry for entry in CATALOGUE if entry["id"] == "finds-ipc-objects")
+
+
+def submit_after_each_other(course: Course) -> list[tuple[str, dict | None]]:
+    """Each notebook that tries to change its worker, then a correct student and the probe that looks for
+    what an earlier notebook left: (student, catalogue entry or None), in the order one worker grades them."""
+    from hostile_submissions import submit
+
+    order = []
+    for number, entry in enumerate(WORKER_CHANGING):
+        for suffix, follower in ((entry["id"], entry), ("reference", None), (FINDS_IPC["id"], FINDS_IPC)):
+            student = f"{number}{len(order) % 3}-{suffix}"
+            if follower is None:
+                course.submit(student, ASSIGNMENT)
+            else:
+                submit(course, {**follower, "id": student})
+            order.append((student, follower))
+    return order
+
+
+def sandbox_runs(course: Course, order: list) -> list[dict]:
+    summaries = ledger(course)
+    return [summaries[(student, ASSIGNMENT)] for student, _ in order]
+
+
+class TestAStudentAfterAHostileOne:
+    """One worker (``--workers 1``) grades each notebook that tries to change the interpreter forking its
+    kernels (its process limit, priority, CPUs, its out-of-memory score) or to leave IPC objects behind,
+    then a correct student, then a probe that looks for what was left: the followers get every point and
+    find nothing, and the worker's interpreter is never touched (so it stays warm)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run(cls, tmp_path_factory, course_template):
+        course = copy_course(course_template, tmp_path_factory.mktemp("after") / "course")
+        order = submit_after_each_other(course)
+        result = grade(course.root, *LIMITS, "--workers", "1")
+        return course, result, order
+
+    def test_the_run_completes_on_one_worker_in_order(self, run):
+        course, result, order = run
+        assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+        runs = sandbox_runs(course, order)
+        assert len({summary["worker"] for summary in runs}) == 1
+        assert [summary["started"] for summary in runs] == sorted(summary["started"] for summary in runs)
+
+    def test_each_gets_what_its_answers_earn_and_finds_nothing(self, run):
+        course, _, order = run
+        for student, entry in order:
+            if entry is None:
+                assert course.scores(student, ASSIGNMENT) == course.max_scores(ASSIGNMENT), student
+                assert not ledger(course)[(student, ASSIGNMENT)]["flags"]
+            else:
+                verify(course, {**entry, "id": student}, ledger(course)[(student, ASSIGNMENT)])
+
+    def test_the_interpreter_is_never_changed_so_never_replaced(self, run):
+        course, _, order = run
+        runs = sandbox_runs(course, order)
+        assert {summary["sandbox_launch"] for summary in runs} == {1}, [s["messages"] for s in runs]
 
 
 # ---------------------------------------------------------------- every notebook's own catalogue

@@ -160,6 +160,19 @@ def test_hostile_integrity_class_on_the_cluster(cluster, local, template, tmp_pa
     others = {k: v for k, v in course.gradebook_dump().items() if k[0] not in hostile}
     assert others == local.gradebook_dump()
     assert course.scores("ann", ASSIGNMENT) == course.max_scores(ASSIGNMENT)
+    # Those that try to change their worker (issue 23) were followed on it by other notebooks, graded as above
+    # (each hostile one by its expectations, every other as locally), by the same warm interpreter.
+    by_worker: dict = {}
+    for (student, _), summary in summaries.items():
+        by_worker.setdefault(summary["worker"], []).append((summary["started"], student, summary))
+    followed = 0
+    for runs in by_worker.values():
+        runs.sort()
+        for (_, student, before), (_, _, after) in zip(runs, runs[1:]):
+            if any(entry["id"] == student and entry.get("worker_changing") for entry in entries):
+                followed += 1
+                assert after["sandbox_launch"] == before["sandbox_launch"], (student, after["messages"])
+    assert followed >= 1
 
 
 def test_killing_a_worker_mid_run_loses_nothing(cluster, local, template, tmp_path):

@@ -302,6 +302,52 @@ def test_the_gradebooks_time_follows_the_files(graded_class):
     assert total(course, "alice") == full_marks(course)
 
 
+def test_a_class_of_many_broken_items_prints_a_few_lines(course, reference_bytes, tmp_path):
+    """A zip over the member limit whose members fail by the hundred for one reason (folders of no
+    assignment, names too long): the command's whole output, progress and notes included, is a few
+    lines, one per reason with how many and the first names; the good submission is graded."""
+    from autograder.engine.collect import MAX_FILES
+
+    members = [(member("alice"), reference_bytes)]
+    members += [(f"submitted/stray{index}/not-an-assignment/notes.txt", b"x") for index in range(300)]
+    members += [(f"submitted/alice/{ASSIGNMENT}/{index:03d}" + "n" * 300 + ".txt", b"x") for index in range(40)]
+    buffer = _io(zip_bytes(members))
+    with zipfile.ZipFile(buffer, "a") as zf:  # over the limit: folder entries, cheap
+        for index in range(MAX_FILES - len(members) + 5):
+            zf.writestr(zipfile.ZipInfo(f"padding/{index}/"), b"")
+    archive = tmp_path / "class.zip"
+    archive.write_bytes(buffer.getvalue())
+    command = [sys.executable, "-m", "autograder.grade", *LIMITS, "--from", str(archive)]  # not --quiet
+    result = subprocess.run(command, cwd=course.root, capture_output=True, text=True, timeout=1500)
+    text = output(result)
+    assert result.returncode == 1, text[-3000:]
+    shown = text.replace("\r", "\n").splitlines()
+    lines = [line for line in shown if line.strip() and "%|" not in line]  # the progress bar aside
+    assert len(lines) < 40, "\n".join(lines[:60])
+    assert f"only the first {MAX_FILES} were unpacked" in text
+    assert "300 skipped, no assignment of that name: stray0/not-an-assignment, stray1/not-an-assignment," in text
+    assert "... and 297 more" in text
+    assert "40 skipped, a name longer than 255 bytes:" in text
+    assert total(course, "alice") == full_marks(course)
+
+
+def test_summaries_fold_any_number_of_messages():
+    """A hundred thousand files skipped for one reason make one line; a few stay one line each; other
+    messages keep their place."""
+    from autograder.engine.collect import summarized
+
+    messages = ["class.zip: holds 100019 members; only the first 100000 were unpacked, the rest were skipped"]
+    messages += [f"note{index}.txt: skipped, not a notebook" for index in range(100_000)]
+    messages += [f"big{index}.ipynb: skipped, too large ({index} bytes)" for index in range(3)]
+    messages += ["alice/01_attention: kept the different copy already in submitted/ (use --replace to take the zip's)"]
+    shown = summarized(messages)
+    assert shown == [
+        messages[0],
+        "100000 skipped, not a notebook: note0.txt, note1.txt, note2.txt, ... and 99997 more",
+        *messages[-4:],
+    ]
+
+
 def test_unwritable_outputs_are_refused_before_anything_is_read_or_written(course, reference_bytes, tmp_path):
     archive = tmp_path / "class.zip"
     archive.write_bytes(zip_bytes([(member("alice"), reference_bytes)]))

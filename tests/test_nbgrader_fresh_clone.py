@@ -11,7 +11,8 @@ on disk now) into a temporary folder and runs the venv's ``nbgrader`` there:
   assignment in the gradebook, which autograde needs later);
 * the whole class cycle in one clone, command after command in nbgrader's documented
   order with nothing in between: generate, release, a student fetches and submits,
-  collect, autograde, formgrader shows the grade, generate and release feedback.
+  collect, autograde, formgrader shows the grade, generate and release feedback (inert:
+  the student's script in a markdown cell does not reach the page).
 
 The exchange is configured as on a hub, in a Jupyter configuration folder beside the
 course (``c.Exchange.root``), not on the command line.
@@ -128,6 +129,8 @@ def test_the_class_cycle_runs_in_a_fresh_clone_with_nbgraders_own_commands(instr
     notebook = nbformat.read(fetched, as_version=4)
     for grade_id, cell in answer_cells(notebook).items():
         cell.source = reference_answers(ASSIGNMENT)[grade_id]
+    notes = 'My notes <script>window.pwned = 1</script><img src="missing.png" onerror="window.pwned = 2">'
+    notebook.cells.append(nbformat.v4.new_markdown_cell(notes))
     nbformat.write(notebook, fetched)
     nbgrader("submit", ASSIGNMENT, *as_alice, cwd=home)
 
@@ -144,6 +147,11 @@ def test_the_class_cycle_runs_in_a_fresh_clone_with_nbgraders_own_commands(instr
     nbgrader("release_feedback", ASSIGNMENT, cwd=clone)
     nbgrader("fetch_feedback", ASSIGNMENT, *as_alice, cwd=home)
     [page] = (home / ASSIGNMENT / "feedback").glob(f"*/{ASSIGNMENT}.html")
-    assert "BEGIN HIDDEN TESTS" not in page.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
+    assert "BEGIN HIDDEN TESTS" not in text
+    # inert, from nbgrader's own autograde and generate_feedback too (nbgrader_config.py's exporter): the
+    # learner's notes shown, their script and event handler gone, and a policy that runs no script
+    assert "My notes" in text and "<script" not in text.lower() and "onerror" not in text, text[-3000:]
+    assert "script-src 'none'" in text
     # everything the cycle wrote went into the course root, which git ignores
     assert {path.name for path in clone.iterdir()} - cloned == {"coursework"}

@@ -2,9 +2,10 @@
 
 The grade command, every grading worker (local or on Dask) and each notebook's
 ``AssignmentSpec.fingerprint`` use this one digest. It reads only the Python
-files of the three code packages (folders with an ``__init__.py``), never
-anything of nbgrader's course root (``coursework/``: submissions, gradebook,
-feedback), so no student file, whatever its name or kind, can change it.
+files of the three code packages (folders with an ``__init__.py``) and their
+``templates/`` folders (the feedback page's), never anything of nbgrader's
+course root (``coursework/``: submissions, gradebook, feedback), so no student
+file, whatever its name or kind, can change it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def package_folder(name: str) -> Path:
 
 
 def code_files() -> list[Path]:
-    """The source files of the grading code: ``.py`` files of the packages and their subpackages."""
+    """The source files of the grading code: ``.py`` files of the packages and their subpackages, and
+    the files of their ``templates/`` folders."""
     files = []
     for name in PACKAGES:
         stack = [package_folder(name)]
@@ -34,6 +36,8 @@ def code_files() -> list[Path]:
             for entry in sorted(folder.iterdir()):
                 if entry.is_dir() and (entry / "__init__.py").is_file():
                     stack.append(entry)
+                elif entry.is_dir() and entry.name == "templates":
+                    files += [path for path in entry.rglob("*") if path.is_file()]
                 elif entry.suffix == ".py" and entry.is_file():
                     files.append(entry)
     return sorted(files)

@@ -4,7 +4,8 @@ Only the grading command's main process writes, one result at a time, so
 parallel workers never corrupt a SQLite gradebook (a Postgres ``db_url`` works
 the same way). Everything that is a function of one graded notebook was made by
 the worker that graded it (``worker.pipeline.finish``): the autograded notebook, its
-scores and comments by nbgrader's ``SaveAutoGrades`` rules, and its feedback
+scores (each test cell's from the judge's verdicts, ``worker.verdicts``) and comments as
+nbgrader's ``SaveAutoGrades`` writes them, and its feedback
 page, rendered by nbgrader's ``GenerateFeedback`` exporter with the course's
 preprocessors (``feedback.GivenGrades`` in place of ``GetGrades``, the CSS
 header, ``feedback.HideHiddenTests``). Committing a result is then cheap, in
@@ -12,7 +13,7 @@ one gradebook session kept open for the whole run and one transaction per
 notebook:
 
 - the student, the submission (with its timestamp), the scores and comments
-  (``SaveAutoGrades``' rules: a grade a human changed, or one the autograder
+  (as ``SaveAutoGrades`` writes them: a grade a human changed, or one the autograder
   cannot give, needs manual grading), the late penalty (``AssignLatePenalties``'
   plugin, as configured), the review flag;
 - the graded notebook and the feedback page, each written whole or not at all

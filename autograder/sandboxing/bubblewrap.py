@@ -17,7 +17,8 @@ every notebook. The sandbox has
   kernel is up;
 - its own process namespace, and (when run as root) its own unprivileged
   user per worker, so the process-count limit of one notebook never reaches
-  another worker;
+  another worker; each kernel in namespaces of its own below the warm
+  interpreter (``zygote``), so it cannot change what forks it;
 - per-kernel limits (``Limits``): address space, CPU time, file size, process
   count; wall-clock limits per cell and per notebook are the executor's job.
 
@@ -367,6 +368,8 @@ class WarmSandbox:
             "uid": self.uid if self.sandboxed else None,
             "gid": self.uid if self.sandboxed else None,
             "processes": processes if self.sandboxed else None,
+            "kernel_processes": self.limits.processes,  # counted in the kernel's own user namespace
+            "scratch_bytes": self.limits.scratch_mb * 1024 * 1024,
             "preload": PRELOAD,
             "env": interpreter_environment(),
             "pid_namespace": self.sandboxed,
@@ -383,7 +386,6 @@ class WarmSandbox:
                     "host_base": HOST_BASE,
                     "log": f"{HOST_BASE}/w{self.slot}.log",
                     "notebooks_dir": str(self.notebooks_dir),
-                    "scratch_bytes": self.limits.scratch_mb * 1024 * 1024,
                     "rebind": _rebind(read_only_binds(self.course_root)),
                 }
             )
@@ -575,15 +577,22 @@ class WarmSandbox:
 
     def reset(self, pid: int | None, timeout: float = 120.0) -> dict:
         """Kill every process of the notebook and wipe its private folders; a clean-up that
-        cannot prove it removed everything retires the sandbox (its tmpfs goes with it)."""
+        cannot prove it removed everything, or an interpreter whose limits, priority, CPUs,
+        out-of-memory score or IPC namespace changed, retires the sandbox (its tmpfs goes with it)."""
         try:
             reply = self.request("reset", timeout=timeout, pid=pid)
         except RuntimeError:  # the interpreter failed to reset: nothing of it is reused
             reply = {"clean": False}
         if not reply.get("clean", True):
             self.retired += 1
+            if reply.get("changed"):
+                self._log(f"replaced: the interpreter's {', '.join(reply['changed'])} changed during a notebook")
             self.close()
         return reply
+
+    def _log(self, line: str) -> None:
+        with open(self.base / f"w{self.slot}.log", "a") as log:
+            log.write(line + "\n")
 
 
 class HostedInterpreter:

@@ -6,8 +6,8 @@ it imports everything a graded kernel needs, then waits for requests from the
 trusted grader (``bubblewrap.WarmSandbox``) on stdin, one JSON line each, and answers
 one JSON line on stdout:
 
-- ``spawn``: fork a child that becomes an IPython kernel for one notebook, with
-  its own session, working folder, environment and resource limits;
+- ``spawn``: start an IPython kernel for one notebook, in namespaces of its
+  own, with its own session, working folder, environment and resource limits;
 - ``poll`` / ``signal``: is that kernel alive, signal it; ``interrupt``: freeze
   it, kill whatever it started, then deliver the KeyboardInterrupt;
 - ``sweep``: kill every process in the sandbox but this one and the kernel
@@ -16,10 +16,22 @@ one JSON line on stdout:
   and wipe the private temporary and working folders, ready for the next notebook,
   saying whether it could prove them clean (else the grader retires the sandbox).
 
-Every reply carries the id of the request it answers. The kernels it forks run
-as its own user and can stop, signal or kill it: the grader never trusts it
-beyond one request (``bubblewrap.WarmSandbox.request``) and replaces it when it
-falls out of step.
+Every reply carries the id of the request it answers; the grader never trusts
+it beyond one request (``bubblewrap.WarmSandbox.request``) and replaces it when
+it falls out of step.
+
+Each kernel runs below it, in user, pid, mount and IPC namespaces of its own
+(``linux.own_user_namespace``), under an init of its own that only reaps, with
+no capability: though the kernel runs as this process's user, it has no pid to
+name this process by (so no ``kill``, ``prlimit``, ``setpriority``,
+``sched_setaffinity`` or ``ptrace``), this process's ``/proc`` files are root's
+(it is undumpable), and the kernel's System V IPC, POSIX message queues and
+``/dev/shm`` go with it. ``reset`` then compares this process's limits,
+priority, CPUs, out-of-memory score and IPC namespace with what they were before
+the first notebook (``interpreter_state``) and says when they differ; the grader
+replaces it then. Where user namespaces are not allowed, kernels are plain
+children of this process (the worker's log says so once) and only that
+comparison protects it.
 
 It never runs student code itself (only its forked children do), imports
 nothing from the course's widgets, and sees no solutions: it runs inside
@@ -31,7 +43,6 @@ Run as ``python -m autograder.sandboxing.zygote CONFIG_JSON``; or, as root,
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import functools
 import gc
@@ -45,7 +56,29 @@ import struct
 import sys
 import time
 
-from .linux import PR_SET_DUMPABLE, die_with_parent, libc, prctl
+from .linux import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_DUMPABLE,
+    die_with_parent,
+    drop_capabilities,
+    mount,
+    own_user_namespace,
+    prctl,
+    unmount,
+    unshare,
+)
 
 
 def _drop_privileges(uid: int | None, gid: int | None) -> None:
@@ -210,10 +243,54 @@ def _plain_python_signals() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
+def interpreter_state(own_ipc: bool = True) -> dict:
+    """What no kernel may change in the interpreter that forks it, as the interpreter sees it: its
+    resource limits, priority, CPUs and out-of-memory score, and what its IPC namespace holds (System V
+    shared memory, semaphores and message queues; POSIX shared memory files: only when the namespace is
+    its own, in the sandbox, not the machine's). Compared after every notebook with what it was when the
+    interpreter became ready (``Zygote.handle``, ``reset``)."""
+
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as handle:
+                return handle.read().strip()
+        except OSError:
+            return None
+
+    ipc = {}
+    for table in ("shm", "sem", "msg"):
+        listing = read(f"/proc/sysvipc/{table}")
+        ipc[table] = None if listing is None else len(listing.splitlines()) - 1
+    try:
+        shared = sorted(os.listdir("/dev/shm"))
+    except OSError:
+        shared = None
+    autogroup = read("/proc/self/autogroup")
+    return {
+        "limits": {
+            name: list(resource.getrlimit(getattr(resource, name)))
+            for name in sorted(dir(resource))
+            if name.startswith("RLIMIT_")
+        },
+        "priority": os.getpriority(os.PRIO_PROCESS, 0),
+        "autogroup nice": autogroup.rsplit(" ", 1)[-1] if autogroup else None,
+        "cpus": sorted(os.sched_getaffinity(0)),
+        "oom score": read("/proc/self/oom_score_adj"),
+        "System V IPC": ipc if own_ipc else None,
+        "POSIX shared memory": shared if own_ipc else None,
+    }
+
+
 class Zygote:
     def __init__(self, config: dict):
         self.config = config
-        self.children: dict[int, int | None] = {}  # kernel pid -> exit status (None while alive)
+        self.children: dict[int, int | None] = {}  # pid -> exit status (None while alive): each kernel's init
+        self.kernels: dict[int, int] = {}  # kernel pid -> the init process it runs under (itself when unsandboxed)
+        self.isolated: bool | None = None  # whether kernels get namespaces of their own (known at the first spawn)
+        # Orphans come to this process (the kernels' inits, once their starter has ended), so it alone
+        # learns when a kernel has ended.
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self.baseline = interpreter_state(self.config.get("pid_namespace", True))
 
     # ------------------------------------------------------------ processes
     def _others(self, keep: set[int]) -> list[int]:
@@ -308,7 +385,11 @@ class Zygote:
             if pid in self.children:
                 self.children[pid] = status
 
-    def _spawn(self, request: dict) -> int:
+    def _family(self, kernel: int) -> set[int]:
+        """The kernel and the init process it runs under (what a sweep must not kill)."""
+        return {kernel, self.kernels.get(kernel, kernel)}
+
+    def _spawn(self, request: dict) -> dict:
         cwd = request["cwd"]
         os.makedirs(cwd, exist_ok=True)
         for relative, text in request.get("files", {}).items():
@@ -316,13 +397,107 @@ class Zygote:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as handle:
                 handle.write(bytes.fromhex(text))
-        pid = os.fork()
-        if pid:
-            self.children[pid] = None
-            return pid
-        _child(lambda: self._become_kernel(request), "kernel start")
+        if not self.config.get("pid_namespace", True) or self.isolated is False:
+            return self._spawn_plain(request)
+        # In the sandbox: a starter leaves for namespaces of its own below this process's and forks the
+        # kernel's init there, which forks the kernel. The starter says which process the init is and
+        # ends; the init is then this process's child (a subreaper's) and the kernel its only child.
+        reader, writer = os.pipe()
+        starter = os.fork()
+        if starter == 0:
+            os.close(reader)
+            _child(lambda: self._start_contained(request, writer), "kernel start")
+        os.close(writer)
+        with os.fdopen(reader, "r") as pipe:
+            line = pipe.readline().split()
+        os.waitpid(starter, 0)
+        if line == ["0", "0"]:
+            # No user namespaces here: kernels are plain children from now on, and only the check after
+            # every notebook protects this interpreter. Said once, in the worker's log.
+            sys.stderr.write("kernels run without namespaces of their own: user namespaces are not allowed here\n")
+            self.isolated = False
+            return self._spawn_plain(request)
+        if len(line) != 2:
+            raise RuntimeError("the kernel's namespaces could not be made (see the worker's log)")
+        init, self.isolated = int(line[0]), True
+        self.children[init] = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{init}/task/{init}/children") as listing:
+                    found = listing.read().split()
+            except OSError:
+                found = []
+            if found:
+                self.kernels[int(found[0])] = init
+                return {"pid": int(found[0]), "isolated": True}
+            self._reap()
+            if self.children.get(init) is not None:
+                break
+            time.sleep(0.001)
+        raise RuntimeError("the kernel's init ended before it started the kernel (see the worker's log)")
 
-    def _become_kernel(self, request: dict) -> None:
+    def _spawn_plain(self, request: dict) -> dict:
+        """A kernel as a plain child (unsandboxed, as Jupyter starts one; or where namespaces fail)."""
+        pid = os.fork()
+        if pid == 0:
+            _child(lambda: self._become_kernel(request, contained=False), "kernel start")
+        self.children[pid] = None
+        self.kernels[pid] = pid
+        return {"pid": pid, "isolated": False}
+
+    def _start_contained(self, request: dict, writer: int) -> None:
+        """In the starter: new user, pid, mount and IPC namespaces, then the kernel's init."""
+        prctl(PR_SET_DUMPABLE, 1)  # its /proc/self files (the namespace's id maps) are then its own to write
+        try:
+            allowed = own_user_namespace()
+        except OSError as error:  # made, but holding no capability (Ubuntu's AppArmor restriction, say)
+            sys.stderr.write(f"a kernel's namespaces: {error}\n")
+            allowed = False
+        if not allowed:
+            os.write(writer, b"0 0\n")  # not allowed here: the interpreter starts a plain child instead
+            return
+        init = os.fork()  # the first process of the new pid namespace: its pid 1
+        if init:
+            os.write(writer, f"{init} 1\n".encode())
+            return
+        os.close(writer)
+        self._kernel_mounts()
+        kernel = os.fork()
+        if kernel == 0:
+            _child(lambda: self._become_kernel(request, contained=True), "kernel start")
+        # The init: nothing but reaping what ends in the namespace, until the kernel ends. It holds no
+        # capability and cannot be ptraced; as a pid namespace's init, no signal from inside reaches it.
+        null = os.open(os.devnull, os.O_RDWR)
+        for number in (0, 1):
+            os.dup2(null, number)
+        os.closerange(3, 1 << 16)
+        drop_capabilities()
+        prctl(PR_SET_DUMPABLE, 0)
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                os._exit(0)
+            if pid == kernel:
+                os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+    def _kernel_mounts(self) -> None:
+        """In the kernel's init: a /proc of the kernel's own processes (where the sandbox's mounts allow
+        it: where they do not, the interpreter is still out of reach, its /proc files belong to root),
+        and a /dev/shm of its own, gone with it."""
+        size = self.config.get("scratch_bytes", 512 * 1024 * 1024)
+        for what in (
+            lambda: mount(None, "/", None, MS_REC | MS_PRIVATE),  # nothing mounted here reaches back
+            lambda: mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC),
+            lambda: mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=1777"),
+        ):
+            try:
+                what()
+            except OSError:
+                pass
+
+    def _become_kernel(self, request: dict, contained: bool) -> None:
         """In the forked child: own session, limits, folder, environment; then ipykernel."""
         os.setsid()
         log = os.open(request.get("log", os.devnull), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -348,6 +523,11 @@ class Zygote:
         file_bytes = limits["file_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if contained:
+            # Its namespace counts its own processes: the notebook's allowance, whatever else runs as this user.
+            processes = int(self.config.get("kernel_processes") or resource.getrlimit(resource.RLIMIT_NPROC)[0])
+            resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+            drop_capabilities()
         prctl(PR_SET_DUMPABLE, 1)  # the zygote stays undumpable; the kernel need not be
         os.chdir(request["cwd"])
         os.environ.clear()
@@ -366,11 +546,11 @@ class Zygote:
     def handle(self, request: dict) -> dict:
         op = request.get("op")
         if op == "spawn":
-            return {"pid": self._spawn(request)}
+            return self._spawn(request)
         if op == "poll":
             self._reap()
             pid = request["pid"]
-            status = self.children.get(pid, 0)
+            status = self.children.get(self.kernels.get(pid, pid), 0)
             if status is None:
                 return {"alive": True}
             code = os.waitstatus_to_exitcode(status) if status else 0
@@ -383,7 +563,7 @@ class Zygote:
             return {}
         if op == "sweep":
             return {
-                "killed": self._kill_others({request["pid"]}),
+                "killed": self._kill_others(self._family(request["pid"])),
                 "headroom_mb": self._headroom(request["pid"]),
                 "cpu": self._cpu(request["pid"]),
             }
@@ -395,7 +575,7 @@ class Zygote:
                 os.kill(pid, signal.SIGSTOP)
             except OSError:
                 return {"killed": 0}
-            killed = self._kill_others({pid})
+            killed = self._kill_others(self._family(pid))
             for sig in (signal.SIGINT, signal.SIGCONT):
                 try:
                     os.kill(pid, sig)
@@ -405,7 +585,9 @@ class Zygote:
         if op == "reset":
             cpu = self._cpu(request["pid"]) if request.get("pid") else None
             killed = self._kill_others(set())
+            self._reap()
             self.children = {pid: s for pid, s in self.children.items() if s is None}
+            self.kernels = {k: init for k, init in self.kernels.items() if init in self.children}
             clean = not (self.config.get("pid_namespace", True) and self._others(set()))
             budget = [2_000_000]
             # The grader's folders stay, and so do the wiped folders themselves (each is a mount
@@ -413,7 +595,10 @@ class Zygote:
             keep = [*self.config.get("keep", []), *self.config.get("wipe", [])]
             for folder in self.config.get("wipe", []):
                 clean = _wipe(folder, keep, budget) and clean
-            return {"killed": killed, "cpu": cpu, "clean": clean}
+            # Nothing a notebook did may outlive it here: the interpreter is as it was before the first.
+            now = interpreter_state(self.config.get("pid_namespace", True))
+            changed = [what for what, value in self.baseline.items() if now.get(what) != value]
+            return {"killed": killed, "cpu": cpu, "clean": clean and not changed, "changed": changed}
         if op == "ping":
             return {"pid": os.getpid()}
         raise ValueError(f"unknown request {op!r}")
@@ -477,24 +662,6 @@ def main() -> None:
 # the host's socket are unmounted), then its own user. Workers share the host's memory (forked
 # copies) and nothing else.
 
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
-MNT_DETACH = 2
-
-
-def _mount(source: str | None, target: str, kind: str | None, flags: int, data: str | None = None) -> None:
-    encode = lambda text: text.encode() if text is not None else None  # noqa: E731
-    if libc().mount(encode(source), encode(target), encode(kind), flags, encode(data)) != 0:
-        number = ctypes.get_errno()
-        raise OSError(number, f"mount {source} on {target}: {os.strerror(number)}")
-
-
-def _unmount(target: str) -> None:
-    if libc().umount2(target.encode(), MNT_DETACH) != 0:
-        number = ctypes.get_errno()
-        raise OSError(number, f"unmount {target}: {os.strerror(number)}")
-
 
 def _folder(path: str) -> None:
     """``path`` and its missing parents, as bubblewrap makes them (root's, readable by all)."""
@@ -512,24 +679,24 @@ def _loopback_up() -> None:
 
 def _own_namespaces(config: dict) -> None:
     """In the worker's new mount namespace (pid 1 of its new pid namespace): its own folders."""
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch = f"size={config['scratch_bytes']},mode=1777"
     held = "/run/host-tmp"
     _folder(held)
-    _mount("/tmp", held, None, MS_BIND | MS_REC)  # what bubblewrap mounted under /tmp (a checkout there)
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    mount("/tmp", held, None, MS_BIND | MS_REC)  # what bubblewrap mounted under /tmp (a checkout there)
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, scratch)
     for dest in sorted(config.get("rebind", []), key=lambda path: path.count("/")):
         _folder(dest)
-        _mount(held + dest[len("/tmp") :], dest, None, MS_BIND | MS_REC)
-        _mount(None, dest, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    _unmount(held)
+        mount(held + dest[len("/tmp") :], dest, None, MS_BIND | MS_REC)
+        mount(None, dest, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    unmount(held)
     os.rmdir(held)
     _folder(config["run_dir"])
-    _mount(config["inside"], config["run_dir"], None, MS_BIND)
-    _unmount(config["host_base"])  # the other workers' folders and the host's socket
+    mount(config["inside"], config["run_dir"], None, MS_BIND)
+    unmount(config["host_base"])  # the other workers' folders and the host's socket
     _folder(config["notebooks_dir"])
-    _mount("tmpfs", config["notebooks_dir"], "tmpfs", MS_NOSUID | MS_NODEV, scratch)
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("tmpfs", config["notebooks_dir"], "tmpfs", MS_NOSUID | MS_NODEV, scratch)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     try:
         _loopback_up()
     except OSError:
@@ -545,8 +712,7 @@ def _hatch(channel, host_config: dict) -> None:
     log = os.open(config["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 2)
     os.close(log)
-    if libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC) != 0:
-        raise OSError(ctypes.get_errno(), "unshare")
+    unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC)
     child = os.fork()  # the first process of a new pid namespace is its pid 1
     if child:
         for stream in (reader, writer, channel):  # the grader sees the channel close when the worker ends

@@ -190,6 +190,7 @@ class Execution:
     faults: list[Fault] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)  # cells whose printed output was cut
     stray_processes: int = 0  # processes cells left behind, killed
+    errored: list[int] = field(default_factory=list)  # cells whose last run the kernel said ended in an error
 
 
 class ContainedExecute(ObservedExecute):
@@ -225,8 +226,17 @@ class ContainedExecute(ObservedExecute):
         self._printed: dict[int, int] = {}
         self._cut: set[int] = set()
         self._kernel_count = 0
+        self._errored: set[int] = set()
+        self.on_cell_executed = self._note_reply
 
     # ------------------------------------------------------------ nbclient hooks
+    def _note_reply(self, cell, cell_index, execute_reply):
+        """Which cells the kernel's execute_reply says ended in an error (the last run of each counts)."""
+        if (execute_reply or {}).get("content", {}).get("status") == "ok":
+            self._errored.discard(cell_index)
+        else:
+            self._errored.add(cell_index)
+
     def timed_out(self, cell) -> None:
         self._timed_out = True
 
@@ -361,7 +371,9 @@ class ContainedExecute(ObservedExecute):
         if self.server is not None:
             self.server.start_cell(graded_id(cell))
         try:
-            await self.async_execute_cell(cell, index, store_history=True)
+            # Test cells (the only ones holding hidden tests) stay out of the kernel's input history:
+            # In, _ih, _i and %history show no hidden code to a cell that prints them.
+            await self.async_execute_cell(cell, index, store_history=graded_id(cell) is None)
         except CellTimeoutError:
             return "hung"
         except (DeadKernelError, SandboxGone):
@@ -469,6 +481,7 @@ class ContainedExecute(ObservedExecute):
                     report.faults.append(Fault(index, "not-run", stop_reason))
         report.stray_processes += self._swept
         report.cell_cpu_seconds = self._cell_cpu
+        report.errored = sorted(self._errored)
         for index in sorted(self._cut):
             report.truncated.append(index)
             note = (

@@ -1,15 +1,44 @@
-"""Keep hidden test code out of the feedback students get.
+"""Feedback pages: inert, and without hidden test code.
 
 nbgrader's feedback shows every cell's source and its full traceback, hidden
 tests included (nbgrader issue #917), and an IPython traceback quotes the lines
 around the failing one. ``HideHiddenTests`` runs in ``generate_feedback`` (see
 ``nbgrader_config.py``): in every graded cell it replaces the hidden region by
 one comment line and reduces each error to its name and message, which the
-checks write for the learner.
+checks write for the learner; and any output that shows a line of hidden test
+code (a cell that printed the kernel's current request, say) is withheld.
+
+nbconvert's HTML export keeps a submission's markup live: a ``<script>`` in a
+markdown cell, an ``<img onerror>``, HTML and JavaScript outputs run when the
+page is opened. Two layers make a page inert, both on nh3 (the ammonia
+sanitizer) with one allow-list (``inert_html``):
+
+- ``inert_notebook`` (a step of the grading pipeline) keeps the graded notebook
+  itself to the allow-list: the markdown and raw cells the release did not have,
+  and every output (HTML sanitized, markdown rendered then sanitized, JavaScript,
+  SVG and other kinds dropped). nbgrader's formgrader shows the instructor this
+  notebook.
+- The feedback page's template (``templates/inert_feedback``, which
+  ``InertFeedbackExporter`` wraps around nbgrader's: ``FeedbackPages`` always
+  uses it, ``nbgrader_config.py`` makes ``nbgrader generate_feedback`` use it) sanitizes
+  the whole page body once more and puts a Content-Security-Policy first in the
+  page's head: no script runs at all, none of the page's own either (MathJax is
+  left out: formulas show as their TeX source), and nothing is fetched from
+  elsewhere.
 """
 
+import html
+import json
+import re
+from pathlib import Path
+
 import nbformat
+import nbgrader
+import nh3
+from nbconvert.exporters import HTMLExporter
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbconvert.preprocessors import Preprocessor
+from nbformat.v4 import new_output
 from nbgrader import utils
 from nbgrader.converters import GenerateFeedback
 from nbgrader.coursedir import CourseDirectory
@@ -35,10 +64,50 @@ def strip_hidden(source: str, begin: str = "BEGIN HIDDEN TESTS", end: str = "END
     return "\n".join(kept), found
 
 
+WITHHELD = "(this output is withheld from the feedback: it shows hidden test code)"
+SHORTEST_SECRET = 16  # letters and digits: a hidden line shorter than this could be anyone's output
+
+
+def _letters(text: str) -> str:
+    """Only the letters and digits of ``text``, lowercase, entities decoded: the same code printed
+    plainly, as a repr, escaped for JSON or HTML, or with other spacing, gives the same string."""
+    return re.sub(r"[^0-9a-z]+", "", html.unescape(text).lower())
+
+
+def hidden_lines(nb, begin: str = "BEGIN HIDDEN TESTS", end: str = "END HIDDEN TESTS") -> set[str]:
+    """The lines of the notebook's hidden test regions, as ``_letters`` gives them (the long ones)."""
+    found, inside = set(), False
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        for line in cell.source.split("\n"):
+            if begin in line:
+                inside = True
+            elif end in line:
+                inside = False
+            elif inside and len(_letters(line)) >= SHORTEST_SECRET:
+                found.add(_letters(line))
+        inside = False
+    return found
+
+
+def output_text(output) -> str:
+    """Everything an output shows, as text."""
+    parts = [str(output.get(key, "")) for key in ("text", "ename", "evalue")]
+    parts += [str(line) for line in output.get("traceback", [])]
+    for value in output.get("data", {}).values():
+        parts.append(value if isinstance(value, str) else json.dumps(value))
+    return "\n".join(parts)
+
+
 class HideHiddenTests(Preprocessor):
     enabled = Bool(True)  # nbconvert preprocessors are off unless enabled
     begin_test_delimeter = Unicode("BEGIN HIDDEN TESTS").tag(config=True)
     end_test_delimeter = Unicode("END HIDDEN TESTS").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        self.secrets = hidden_lines(nb, self.begin_test_delimeter, self.end_test_delimeter)
+        return super().preprocess(nb, resources)
 
     def preprocess_cell(self, cell, resources, index):
         if cell.cell_type != "code":
@@ -49,7 +118,139 @@ class HideHiddenTests(Preprocessor):
             for output in cell.get("outputs", []):
                 if output.get("output_type") == "error":
                     output["traceback"] = [f"{output.get('ename', 'Error')}: {output.get('evalue', '')}"]
+        if self.secrets:
+            cell.outputs = [self._withheld(output) for output in cell.get("outputs", [])]
         return cell, resources
+
+    def _withheld(self, output):
+        shown = _letters(output_text(output))
+        if not any(secret in shown for secret in self.secrets):
+            return output
+        if output.get("output_type") == "error":  # still an error, still the cell's failure
+            return new_output("error", ename=output.get("ename", "Error"), evalue=WITHHELD, traceback=[WITHHELD])
+        return new_output("stream", name="stdout", text=WITHHELD + "\n")
+
+
+# ---------------------------------------------------------------- inert pages
+
+# What a page may show of a submission: text, its structure, tables, images; no script, style, form,
+# frame, embedded object or event handler. Links and images keep only harmless addresses.
+INERT_TAGS = set(nh3.ALLOWED_TAGS) - {"map", "area"}
+INERT_ATTRIBUTES = {
+    "*": {"class", "id", "title", "lang", "dir"},
+    "a": {"href", "name"},
+    "img": {"src", "alt", "width", "height"},
+    "td": {"colspan", "rowspan", "align"},
+    "th": {"colspan", "rowspan", "align", "scope"},
+    "ol": {"start"},
+    "details": {"open"},
+}
+INERT_SCHEMES = {"http", "https", "mailto", "data", "attachment"}
+INERT_IMAGES = re.compile(r"data:image/(png|jpeg|gif|webp|svg\+xml)[;,]", re.I)  # an image URL runs nothing
+# The policy every feedback page carries: no script (none of the page's own either), nothing fetched.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'none'; style-src 'unsafe-inline'; img-src data:; font-src data:; "
+    "base-uri 'none'; form-action 'none'"
+)
+
+
+def _keep(tag: str, attribute: str, value: str) -> str | None:
+    if value.lower().lstrip().startswith("data:") and not (
+        tag == "img" and attribute == "src" and INERT_IMAGES.match(value.strip())
+    ):
+        return None
+    return value
+
+
+def inert_html(markup: str) -> str:
+    """``markup`` kept to the allow-list: no script, event handler, ``javascript:`` URL or style."""
+    return nh3.clean(
+        markup, tags=INERT_TAGS, attributes=INERT_ATTRIBUTES, url_schemes=INERT_SCHEMES, attribute_filter=_keep
+    )
+
+
+def inert_markdown(source: str) -> str:
+    """Markdown rendered as nbconvert renders it, then kept to the allow-list (HTML is markdown too)."""
+    return inert_html(markdown2html_mistune(source))
+
+
+SAFE_OUTPUTS = {"text/plain", "text/latex", "application/json", "image/png", "image/jpeg", "image/gif"}
+
+
+def inert_output(output):
+    """An output a browser runs nothing of: HTML sanitized, markdown rendered then sanitized, safe kinds
+    kept, every other kind (JavaScript, SVG, widgets, ...) dropped."""
+    data = output.get("data")
+    if not isinstance(data, dict):
+        return output
+    kept = {kind: value for kind, value in data.items() if kind in SAFE_OUTPUTS}
+    text = lambda value: "".join(value) if isinstance(value, list) else str(value)  # noqa: E731
+    if "text/html" in data:
+        kept["text/html"] = inert_html(text(data["text/html"]))
+    elif "text/markdown" in data:
+        kept["text/html"] = inert_markdown(text(data["text/markdown"]))
+    dropped = sorted(set(data) - set(kept) - {"text/markdown"})
+    if not kept:
+        kept["text/plain"] = f"(an output of kind {', '.join(dropped)}, not shown)"
+    output["data"] = kept
+    return output
+
+
+def inert_notebook(nb, released_json: str) -> None:
+    """Keep the graded notebook to the allow-list: the markdown and raw cells the release did not hold
+    (as released they are the instructor's), and every output."""
+    released = {
+        (cell.cell_type, cell.source)
+        for cell in nbformat.reads(released_json, as_version=4).cells
+        if cell.cell_type in ("markdown", "raw")
+    }
+    for cell in nb.cells:
+        if cell.get("cell_type") in ("markdown", "raw") and (cell.cell_type, cell.source) not in released:
+            cell.source = inert_markdown(cell.source) if cell.cell_type == "markdown" else inert_html(cell.source)
+        elif cell.get("cell_type") == "code":
+            cell.outputs = [inert_output(output) for output in cell.get("outputs", [])]
+
+
+# The feedback page's template and the filters it applies.
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def inert_body(markup: str) -> str:
+    """The page's body (the notebook's cells, nbgrader's header and scores), kept to the allow-list."""
+    return f"<body>\n{inert_html(str(markup))}\n</body>"
+
+
+def with_policy(markup: str) -> str:
+    """The page's head (the template's own) with the Content-Security-Policy as its first element, and
+    without the scripts the policy would block anyway (MathJax's)."""
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_SECURITY_POLICY}">'
+    markup = re.sub(r"<script\b.*?</script\s*>", "", str(markup), flags=re.I | re.S)
+    head = re.search(r"<head[^>]*>", markup, re.I)
+    if head is None:
+        return meta + markup
+    return markup[: head.end()] + "\n" + meta + markup[head.end() :]
+
+
+class InertFeedbackExporter(HTMLExporter):
+    """nbgrader's feedback page, inert: its template wrapped in ``templates/inert_feedback`` (the body
+    kept to the allow-list, the policy first in the head). ``GenerateFeedback.exporter_class``: here
+    for ``FeedbackPages``, in ``nbgrader_config.py`` for ``nbgrader generate_feedback`` (and the
+    formgrader's feedback button); the formgrader's own pages keep their exporter."""
+
+    def __init__(self, config=None, **kwargs):
+        nbgrader_templates = Path(nbgrader.__file__).resolve().parent / "server_extensions" / "formgrader" / "templates"
+        # Over the configuration, which names nbgrader's template: this one wraps it.
+        kwargs.update(
+            extra_template_basedirs=[str(TEMPLATES), str(nbgrader_templates)],
+            template_name="inert_feedback",
+            template_file="inert.html.j2",
+        )
+        super().__init__(config=config, **kwargs)
+
+    def default_filters(self):
+        yield from super().default_filters()
+        yield ("inert_body", inert_body)
+        yield ("with_policy", with_policy)
 
 
 # ---------------------------------------------------------------- rendering where the notebook was graded
@@ -62,8 +263,8 @@ class GivenGrades(NbGraderPreprocessor):
 
     ``GetGrades`` reads each cell's score and comment, and the notebook's total,
     from the gradebook that ``SaveAutoGrades`` has just written. A grading worker
-    has no gradebook; it has what ``SaveAutoGrades`` will write, computed by the
-    same rules (``autograder.worker.verdicts.grades_of``): ``resources["nbgrader"]["grades"]``
+    has no gradebook; it has what the writer will write (``autograder.worker.verdicts.grades_of``:
+    each test cell's points from the verdicts): ``resources["nbgrader"]["grades"]``
     ({grade id: [score, max]}) and ``["comments"]`` ({grade id: auto comment}).
     The result is the page ``generate_feedback`` gives when nobody has graded by
     hand and nothing is late; when the gradebook holds more, the writer renders
@@ -103,6 +304,7 @@ class FeedbackPages:
     def __init__(self, config, from_gradebook: bool = False):
 
         config = config.copy()
+        config.GenerateFeedback.exporter_class = InertFeedbackExporter
         if not from_gradebook:
             configured = list(config.GenerateFeedback.get("preprocessors", [GET_GRADES]))
             config.GenerateFeedback.preprocessors = [

@@ -2,8 +2,9 @@
 
 ``grade_submission(job, sandbox, judges) -> Result`` reads only the ``Job`` (the submission's
 bytes and ``AssignmentSpec``, a snapshot of everything the grader knows about its notebook) and
-returns a picklable ``Result``: the autograded notebook, its scores and comments by nbgrader's
-``SaveAutoGrades`` rules, its feedback page, the checks' verdicts and the flags. It writes
+returns a picklable ``Result``: the autograded notebook, its scores (each test cell's from the
+judge's verdicts) and comments as nbgrader's ``SaveAutoGrades`` writes them, its feedback page, the
+checks' verdicts and the flags. It writes
 nothing but sandbox scratch files, so it runs wherever a runner puts it (``engine.runners``: this
 machine's processes, or a Dask cluster), in a warm sandbox with one ``judge.Judge`` per
 assignment kept for the worker's life. The single writer (``engine.writer``) commits the result.
@@ -12,7 +13,7 @@ The steps run in the order of ``STEPS``, each a function of the notebook's ``Gra
 steps before it left), as nbgrader declares its converters' preprocessors: a step is added by
 adding a line. A step that finds the submission cannot be graded raises ``Rejected``; the
 released notebook then stands in for it and only ``finish`` runs. No step before ``execute``
-runs student code.
+runs student code; after it, ``inert`` leaves the graded notebook nothing a browser would run.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from dataclasses import dataclass, field
 import nbformat
 from nbgrader.preprocessors import IgnorePattern, LimitOutput
 
-from ..flags import CELL_EDITED, NOT_GRADED, OUTPUT_TRUNCATED, fault
+from ..flags import CELL_EDITED, NOT_GRADED, OUTPUT_TRUNCATED, OUTPUTS_DISAGREE, fault
 from ..records import Job, Rejected, Result
 from ..sandboxing.bubblewrap import WarmSandbox, kernel_environment
 from . import judge, referee, tamper
 from .execute import ContainedExecute
-from .feedback import FeedbackPages
+from .feedback import FeedbackPages, inert_notebook
 from .read import read_submission, rejected_notebook
 from .sanitize import sanitize
-from .verdicts import apply_verdicts, grades_of
+from .verdicts import apply_verdicts, decided_scores, disagreements, grades_of
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Grading:
     forged: list = field(default_factory=list)  # code that reaches for the grading helpers
     server: judge.VerdictServer | None = None
     execution: object = None  # execute.Execution
+    decided: dict | None = None  # each autograded test cell's points, from the verdicts
 
     def flag(self, flags, details=()) -> None:
         self.result.flags += [f for f in dict.fromkeys(flags) if f not in self.result.flags]
@@ -133,10 +135,12 @@ def execute(g: Grading) -> None:
 
 
 def verdicts(g: Grading) -> None:
-    """Each grade cell's outputs made to agree with the grader's own record of its checks."""
+    """Each grade cell's outputs made to agree with the grader's own record of its checks, and each
+    test cell's points decided by that record alone."""
     records, flags = apply_verdicts(g.nb, g.server, g.job.spec.expected, g.execution, g.forged)
     g.result.checks = records
     g.flag(flags)
+    g.decided = decided_scores(g.nb, records, g.execution)
 
 
 def limit_outputs(g: Grading) -> None:
@@ -145,7 +149,13 @@ def limit_outputs(g: Grading) -> None:
     g.nb, g.resources = LimitOutput().preprocess(g.nb, g.resources)
 
 
-STEPS = [read, restore, inspect, sanitize_cells, execute, verdicts, limit_outputs]
+def inert(g: Grading) -> None:
+    """Nothing of the submission that a browser would run in the graded notebook (the formgrader shows
+    it, the feedback page is made from it): markdown and outputs kept to an allow-list."""
+    inert_notebook(g.nb, g.job.spec.released)
+
+
+STEPS = [read, restore, inspect, sanitize_cells, execute, verdicts, limit_outputs, inert]
 
 
 # ---------------------------------------------------------------- the unit of work
@@ -154,11 +164,16 @@ STEPS = [read, restore, inspect, sanitize_cells, execute, verdicts, limit_output
 _pages: dict = {}
 
 
-def finish(result: Result, nb, spec, started: float) -> Result:
+def finish(result: Result, nb, spec, started: float, decided: dict | None = None) -> Result:
     """Everything that is a function of the graded notebook, done here where it was graded:
-    its JSON, nbgrader's scores and comments, and the feedback page rendered from them."""
+    its JSON, its scores (``decided``'s for the test cells) and comments as nbgrader's
+    ``SaveAutoGrades`` writes them, and the feedback page rendered from them."""
     result.notebook_json = nbformat.writes(nb)
-    result.scores, result.comments = grades_of(nb)
+    result.scores, result.comments = grades_of(nb, decided)
+    disagreeing = disagreements(nb, decided or {})
+    if disagreeing:
+        result.flags += [] if OUTPUTS_DISAGREE in result.flags else [OUTPUTS_DISAGREE]
+        result.messages += disagreeing
     if spec.config is not None:
         key = json.dumps(spec.config, sort_keys=True, default=repr)
         if key not in _pages:
@@ -208,4 +223,4 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
             g.server.close()
         if not sandbox.sandboxed:
             shutil.rmtree(sandbox.work_dir(job.assignment), ignore_errors=True)
-    return finish(result, g.nb, job.spec, g.started)
+    return finish(result, g.nb, job.spec, g.started, g.decided if result.graded else None)

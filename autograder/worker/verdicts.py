@@ -1,15 +1,19 @@
-"""Scores from the grader's own verdicts: the pipeline's step after execution, and nbgrader's scoring rules.
+"""Scores from the grader's own verdicts: the pipeline's step after execution.
 
 The verdict server (``judge.VerdictServer``) holds a record of every check a notebook's kernel
-asked for. ``apply_verdicts`` makes each grade cell's outputs agree with those records;
-``grades_of`` then scores the notebook by nbgrader's ``SaveAutoGrades`` rules.
+asked for. ``apply_verdicts`` makes each grade cell's outputs agree with those records (so the
+feedback shows why), and ``decided_scores`` gives each autograded test cell its points from the
+records alone. ``grades_of`` writes what nbgrader's ``SaveAutoGrades`` would, with those points in
+place of nbgrader's own rule (``determine_grade``: a test cell's first ``execute_result`` decides,
+and a number there is read as points), which any code the cell calls can satisfy through IPython's
+display hook; ``disagreements`` names the cells where that rule would have scored differently.
 """
 
 from __future__ import annotations
 
 from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
-from ..cells import error_output, graded_id
+from ..cells import error_output, graded_id, nbgrader_of
 from ..flags import CHECKS_MISSING, PATCHED_FUNCTIONS
 from ..messages import mistake_of, tagged, tampering_message
 from ..records import CheckRecord
@@ -70,15 +74,84 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
     return records, flags
 
 
-def grades_of(nb) -> tuple[dict, dict]:
-    """What nbgrader's ``SaveAutoGrades`` writes for this autograded notebook, by its rules:
+def _autograded_tests(nb):
+    """(index, cell) of each test cell nbgrader would score from its outputs (a code grade cell that is
+    not an answer)."""
+    for index, cell in enumerate(nb.cells):
+        meta = nbgrader_of(cell)
+        if meta.get("grade") and not meta.get("solution") and cell.get("cell_type") == "code":
+            yield index, cell
+
+
+def decided_scores(nb, records: list[CheckRecord], execution) -> dict[str, float]:
+    """The points of every autograded test cell, from what the grader knows itself: all or nothing.
+
+    A cell earns its points when the judge's record of every check in it says passed (``records``,
+    from ``apply_verdicts``) and the cell finished without an error; what it printed or returned
+    counts for nothing. Of a cell's error the executor knows by itself only that it hung, was
+    interrupted, stopped its kernel, kept all its memory or never ran (``execution.faults``); that a
+    visible assert failed it learns from the kernel, where student code runs (the execute_reply's
+    status, ``execution.errored``, and the error outputs). So a notebook can hide the failure of its
+    own visible asserts, but only in a cell whose hidden checks the judge has passed; a test cell
+    without hidden checks rests on the visible asserts alone.
+    """
+    passed: dict[str, bool] = {}
+    for record in records:
+        passed[record.cell] = passed.get(record.cell, True) and record.passed
+    faulty = {fault.cell for fault in execution.faults} | set(execution.errored)
+    scores = {}
+    for index, cell in _autograded_tests(nb):
+        meta = nbgrader_of(cell)
+        erred = index in faulty or any(o.get("output_type") == "error" for o in cell.get("outputs", []))
+        scores[meta["grade_id"]] = float(meta["points"]) if passed.get(meta["grade_id"], True) and not erred else 0.0
+    return scores
+
+
+def disagreements(nb, decided: dict[str, float]) -> list[str]:
+    """The test cells that nbgrader's own rule would score differently from the verdicts, and why."""
+    found = []
+    for _, cell in _autograded_tests(nb):
+        gid = nbgrader_of(cell).get("grade_id")
+        if gid not in decided:
+            continue
+        try:
+            stock = f"{determine_grade(cell)[0]:g} point(s)"
+        except (KeyError, TypeError, ValueError) as error:  # a result it cannot read: its autograde would stop
+            stock = f"no score but an error ({error})"
+        if stock != f"{decided[gid]:g} point(s)":
+            found.append(
+                f"{gid}: by nbgrader's own rule its outputs give {stock} ({_what_decides(cell)}); "
+                f"its checks give {decided[gid]:g}, which count"
+            )
+    return found
+
+
+def _what_decides(cell) -> str:
+    """The output nbgrader's ``determine_grade`` reads first, in words."""
+    for output in cell.get("outputs", []):
+        if output.get("output_type") == "error":
+            return f"an error, {output.get('ename', '')}"
+        if output.get("output_type") == "stream" and output.get("name") == "stderr":
+            return "it wrote to stderr"
+        if output.get("output_type") == "execute_result":
+            text = str(output.get("data", {}).get("text/plain", ""))[:60]
+            return f"its first result is {text!r}"
+    return "no error and no result"
+
+
+def grades_of(nb, decided: dict[str, float] | None = None) -> tuple[dict, dict]:
+    """What nbgrader's ``SaveAutoGrades`` writes for this autograded notebook, with the points of
+    ``decided`` (``decided_scores``) for the test cells it holds, nbgrader's rules for any other:
     ({grade cell id: [auto score, max points]}, {answer or task cell id: auto comment})."""
 
     scores, comments = {}, {}
     for cell in nb.cells:
         if is_grade(cell):
-            score, maximum = determine_grade(cell)
-            scores[cell.metadata["nbgrader"]["grade_id"]] = [score, maximum]
+            gid = cell.metadata["nbgrader"]["grade_id"]
+            if decided is not None and gid in decided:
+                scores[gid] = [decided[gid], float(cell.metadata["nbgrader"]["points"])]
+            else:
+                scores[gid] = list(determine_grade(cell))
         if is_solution(cell) or is_task(cell):
             untouched = cell.metadata.nbgrader.get("checksum", None) == compute_checksum(cell)
             comments[cell.metadata["nbgrader"]["grade_id"]] = (

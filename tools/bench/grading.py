@@ -43,9 +43,9 @@ from pathlib import Path
 
 import nbformat
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]  # tools/bench/grading.py
 # the tests' harness (synthetic classes, the local Dask cluster) is the benchmark's too
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(REPOSITORY / "tests"))
 
 
 # ---------------------------------------------------------------- the class
