@@ -175,7 +175,14 @@ class EmbeddedPositions:
 def _library_folders() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     folders = {os.path.dirname(torch.__file__), paths["stdlib"], paths["purelib"], paths["platlib"]}
-    return tuple(os.path.realpath(folder) + os.sep for folder in folders)
+    return tuple({form + os.sep for folder in folders for form in (os.path.abspath(folder), os.path.realpath(folder))})
+
+
+# Found now, as the warm interpreter imports this module (before any notebook), and compared
+# with a code object's file name as it stands: a notebook that patches ``sysconfig``,
+# ``os.path`` or ``linecache`` afterwards cannot make its own lines pass for the library's.
+_LIBRARY = _library_folders()
+_getline = linecache.getline
 
 
 class _TracerRemoved(Exception):
@@ -262,13 +269,12 @@ class HeadLoop:
         Lines of the class's own methods come first, then other notebook code; the
         earliest such line of a function is the loop's header (a body comes after it).
         """
-        library = _library_folders()
         found = []
         for (filename, line, function), count in many.items():
             if count <= few.get((filename, line, function), 0):
                 continue
             if (
-                os.path.realpath(filename).startswith(library)
+                filename.startswith(_LIBRARY)
                 or "/autograder/" in filename
                 or "/course_checks/" in filename
             ):
@@ -277,7 +283,7 @@ class HeadLoop:
         if not found:
             return None
         _, filename, line, function = min(found)
-        text = linecache.getline(filename, line).strip()
+        text = _getline(filename, line).strip()
         return f"`{text}` (in `{function}`)" if text else f"line {line} of `{function}`"
 
     @staticmethod

@@ -128,6 +128,33 @@ def test_the_head_loop_probe_counts_with_the_tracer_it_bound_before_student_code
     assert kept == []
 
 
+def test_the_head_loop_probe_tells_the_learners_lines_from_the_librarys_with_what_it_found_first(monkeypatch):
+    """A notebook that patches ``sysconfig``, ``os.path`` or ``linecache`` so that every line looks
+    like the library's (or reads as nothing) still has its loop over heads found and quoted."""
+    import linecache
+    import os.path
+    import sysconfig
+
+    source = "def forward(self, x):\n    return sum(self.proj(x) / (h + 1) for h in range(self.n_heads))\n"
+    namespace = {}
+    exec(compile(source, "/tmp/ipykernel_0/looping.py", "exec"), namespace)
+    linecache.cache["/tmp/ipykernel_0/looping.py"] = (len(source), None, source.splitlines(True), "/tmp/ipykernel_0/looping.py")
+
+    class Looping(nn.Module):
+        def __init__(self, width, n_heads):
+            super().__init__()
+            self.n_heads, self.proj = n_heads, nn.Linear(width, width)
+
+        forward = namespace["forward"]
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: dict.fromkeys(("stdlib", "purelib", "platlib"), "/tmp"))
+    monkeypatch.setattr(os.path, "realpath", lambda path, **k: "/lib/" + path.lstrip("/"))
+    monkeypatch.setattr(linecache, "getline", lambda *a, **k: "")
+    few, many = (probes.HeadLoop().steps(Looping, h) for h in (2, 8))
+    where = probes.HeadLoop._loop_line(few, many, {"Looping"})
+    assert where is not None and "for h in range(self.n_heads)" in where, where
+
+
 def test_the_wire_writes_and_reads_with_what_it_bound_before_student_code():
     """A notebook that patches json (its encoder, its decoder) or base64 changes nothing the wire
     writes or reads: it bound their C parts when it was imported. (The change is reported too.)"""
