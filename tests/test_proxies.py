@@ -149,6 +149,23 @@ def test_a_substitute_waits_for_its_exercises_own_verdict(kernel):
     assert substitutes.double(3) == 6
 
 
+def test_a_check_its_cell_stopped_counts_as_run(kernel):
+    """Begun, then its cell interrupted before any result (a learner's code that never returns): the
+    exercises built on it still get its substitute, so they keep their own points."""
+    server, remote = kernel
+    server.new_kernel()
+    for name in ANSWERS[1:]:
+        server.done.add(name)
+        server.checked.add(name)
+    server.end_cell()
+    server.start_cell("test_double")
+    assert not isinstance(remote.begin(ASSIGNMENT, "double", []), str)
+    server.end_cell()  # stopped: no result ever came
+    assert not server.cell_verdicts("test_double")[0].finished
+    server.start_cell("test_uses")
+    assert given(kernel).double(3) == 6
+
+
 def test_a_replayed_check_keeps_its_first_verdict(kernel):
     server, remote = kernel
     server.end_cell()

@@ -57,6 +57,19 @@ def test_clean_up_that_cannot_finish_says_so(tmp_path):
         os.chdir(here)
     assert not _wipe(str(scratch), budget=[20])  # out of budget: reported, so the sandbox is retired
     assert _wipe(str(scratch))
+    assert os.getcwd() == here  # the caller's working folder, as it was
+
+
+def test_clean_up_of_the_callers_own_folder_leaves_it_at_the_root(tmp_path):
+    scratch = tmp_path / "tmp"
+    (scratch / "inside").mkdir(parents=True)
+    here = os.getcwd()
+    os.chdir(scratch / "inside")
+    try:
+        assert _wipe(str(scratch))
+        assert os.getcwd() == "/" and not (scratch / "inside").exists()
+    finally:
+        os.chdir(here)
 
 
 @pytest.mark.skipif(bool(_probe(Path(__file__).resolve().parent.parent)), reason="bubblewrap cannot run here")

@@ -120,7 +120,10 @@ def _remove_tree(path: str, budget: list[int]) -> bool:
     meanwhile (``reset`` killed every process first), so nothing changes
     under the walk.
     """
-    home = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:  # the caller's working folder, to come back to
+        home = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        home = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
     names: list[str] = []  # the folders we are inside, below ``path``'s parent
     try:
         os.chdir(os.path.dirname(path) or "/")
@@ -167,6 +170,8 @@ def _remove_tree(path: str, budget: list[int]) -> bool:
     finally:
         os.fchdir(home)
         os.close(home)
+        if os.stat(".").st_nlink == 0:  # the caller's folder was in the tree removed
+            os.chdir("/")
 
 
 def _wipe(folder: str, keep=(), budget: list[int] | None = None) -> bool:

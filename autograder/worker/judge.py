@@ -353,6 +353,9 @@ class VerdictServer:
 
     def end_cell(self) -> None:
         with self.lock:
+            # A check its cell stopped (a timeout, an interrupt) can no longer finish: it counts as
+            # run, so the exercises built on it get their substitutes (its verdict: not finished).
+            self.done.update(record.exercise for record in self.verdicts.get(self.cell, []))
             self.cell = None
             self.grants = {}
         self._let_go()
