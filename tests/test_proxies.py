@@ -9,6 +9,8 @@ objects the referee holds, a dataclass.
 
 from __future__ import annotations
 
+import threading
+import time
 import types
 
 import pytest
@@ -189,6 +191,36 @@ def test_the_referee_is_bounded_in_memory_and_time_and_comes_back(kernel, answer
     with pytest.raises(RuntimeError, match="took longer"):
         ref.slow(30)  # past the server's 20 s
     assert ref.double(2) == 4 and answers.starts == starts + 1  # a fresh referee answers the next call
+
+
+def test_the_referee_starts_between_cells_never_inside_one(kernel, answers):
+    """Ready, with the reference loaded, before a notebook's cells run; stopped with a cell that
+    ended while its call ran, and made ready again before the next cell: its start-up (torch's
+    import, the reference built) never counts against a learner's cell."""
+    server, _ = kernel
+    key = server.judges[ASSIGNMENT].key
+    answers.close()
+    answers.prepare(server.judges.values())
+    assert answers.alive() and answers._ready and key in answers.loaded
+    slow, errors = given(kernel).slow, []
+
+    def call():
+        try:
+            slow(5)
+        except Exception as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not answers.busy and time.monotonic() < deadline:
+        time.sleep(0.02)
+    starts = answers.starts
+    server.end_cell()  # the cell ended while the reference was still working for it
+    thread.join(30)
+    assert [type(error) for error in errors] == [RuntimeError] and "the grader" in str(errors[0])
+    assert answers.starts == starts + 1
+    assert answers.alive() and answers._ready and key in answers.loaded
 
 
 def test_objects_held_outside_are_let_go_when_the_cell_ends(kernel):

@@ -358,15 +358,19 @@ class VerdictServer:
             self.done.update(record.exercise for record in self.verdicts.get(self.cell, []))
             self.cell = None
             self.grants = {}
-        self._let_go()
+        if self._let_go():  # between cells: its start-up counts against no learner's cell
+            self.referee.prepare(self.judges.values())
 
-    def _let_go(self) -> None:
+    def _let_go(self) -> bool:
         """The substitutes' calls of the cell that ended: one still running is stopped, and what
-        the referee held for them let go."""
+        the referee held for them let go. Whether the referee had to be stopped."""
+        stopped = False
         if self.referee is not None and self.asked:
+            stopped = self.referee.busy
             self.referee.abort()
             self.referee.forget(self.session)
             self.asked = False
+        return stopped
 
     # ------------------------------------------------------------ requests
     def _slot(self, request: dict) -> tuple[str, Verdict | None, str | None]:

@@ -102,9 +102,9 @@ def execute(g: Grading) -> None:
     spec, sandbox = g.job.spec, g.sandbox
     key = (spec.assignment, spec.fingerprint)
     answers = referee.for_slot(sandbox.slot, g.job.limits.memory_mb)
-    answers.start()  # the reference's own process: it warms up while the kernel starts
     if key not in g.judges:
         g.judges[key] = judge.Judge(spec.assignment, spec.reference_cells)
+    answers.prepare([g.judges[key]])  # the reference's own process, ready before any cell runs
     socket_path = str(sandbox.run_dir / "verdicts.sock")
     g.server = judge.VerdictServer(
         socket_path, {spec.assignment: g.judges[key]}, spec.expected, answers, g.job.limits.cell_seconds

@@ -441,6 +441,32 @@ class Referee:
             json.loads(self._line(deadline))  # {"ready": true}
             self._ready = True
 
+    def _load(self, judge) -> None:
+        if judge.key not in self.loaded:
+            self._command(
+                {
+                    "op": "load",
+                    "key": judge.key,
+                    "assignment": judge.assignment,
+                    "cells": judge.cells,
+                    "answers": sorted(judge.answers),
+                },
+                time.monotonic() + 120,
+            )
+            self.loaded.add(judge.key)
+
+    def prepare(self, judges) -> None:
+        """The process started and ready, with these judges' references loaded: called before a
+        notebook's cells run and after a cell whose call was stopped, so that starting it (torch's
+        import, the reference built) never counts against a learner's cell."""
+        with self.lock:
+            try:
+                self._ensure(time.monotonic() + 120)
+                for judge in judges:
+                    self._load(judge)
+            except (RefereeGone, ValueError):
+                self.close()  # the first call starts it again, and says so if it cannot
+
     # ------------------------------------------------------------ requests
     def ask(self, judge, session: str, line: bytes, seconds: float) -> bytes:
         """The referee's answer (a JSON line, for the kernel) to a kernel's call ``line``."""
@@ -449,22 +475,12 @@ class Referee:
             self.busy = True
             try:
                 self._ensure(time.monotonic() + 120)
-                if judge.key not in self.loaded:
-                    self._command(
-                        {
-                            "op": "load",
-                            "key": judge.key,
-                            "assignment": judge.assignment,
-                            "cells": judge.cells,
-                            "answers": sorted(judge.answers),
-                        },
-                        time.monotonic() + 120,
-                    )
-                    self.loaded.add(judge.key)
+                self._load(judge)
                 body = line if line.endswith(b"\n") else line + b"\n"
                 self._send(json.dumps({"op": "ask", "key": judge.key, "session": session}).encode() + b"\n" + body)
                 return self._line(deadline)
-            except RefereeGone as error:
+            except (RefereeGone, OSError, ValueError) as error:  # also a process closed under the read
+                self.close()
                 return verdict.dumps({"error": {"type": "RuntimeError", "message": f"the grader: {error}"}})
             finally:
                 self.busy = False
