@@ -273,11 +273,7 @@ class HeadLoop:
         for (filename, line, function), count in many.items():
             if count <= few.get((filename, line, function), 0):
                 continue
-            if (
-                filename.startswith(_LIBRARY)
-                or "/autograder/" in filename
-                or "/course_checks/" in filename
-            ):
+            if filename.startswith(_LIBRARY) or "/autograder/" in filename or "/course_checks/" in filename:
                 continue
             found.append((function.split(".")[0] not in classes, filename, line, function))
         if not found:

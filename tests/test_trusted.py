@@ -136,9 +136,9 @@ def test_the_head_loop_probe_tells_the_learners_lines_from_the_librarys_with_wha
     import sysconfig
 
     source = "def forward(self, x):\n    return sum(self.proj(x) / (h + 1) for h in range(self.n_heads))\n"
-    namespace = {}
-    exec(compile(source, "/tmp/ipykernel_0/looping.py", "exec"), namespace)
-    linecache.cache["/tmp/ipykernel_0/looping.py"] = (len(source), None, source.splitlines(True), "/tmp/ipykernel_0/looping.py")
+    namespace, cell = {}, "/tmp/ipykernel_0/looping.py"
+    exec(compile(source, cell, "exec"), namespace)
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
 
     class Looping(nn.Module):
         def __init__(self, width, n_heads):
