@@ -142,8 +142,21 @@ def _scan(where):
             found.append(f"{where}: the catalogue can be imported")
     except Exception:
         pass
+    # the installed course (the checkout, the venv: read-only here, as when they are outside /tmp) is
+    # not what a notebook could have left; only where it can write is searched
+    installed = tuple(
+        os.path.realpath(place) + os.sep
+        for place in (sys.prefix, os.path.dirname(os.path.dirname(os.path.abspath(os.__file__))))
+    ) + tuple(
+        os.path.dirname(os.path.realpath(spec.submodule_search_locations[0])) + os.sep
+        for spec in [importlib.util.find_spec(_KERNEL_SIDE)]
+        if spec is not None and spec.submodule_search_locations
+    )
     for top in _NEEDLES.get("tops") or {"/tmp", os.getcwd(), os.environ.get("HOME", "/tmp")}:
-        for folder, _, names in os.walk(top):
+        for folder, dirs, names in os.walk(top):
+            if (os.path.realpath(folder) + os.sep).startswith(installed):
+                dirs[:] = []
+                continue
             for name in names[:500]:
                 path = os.path.join(folder, name)
                 try:
