@@ -193,6 +193,23 @@ def test_the_referee_is_bounded_in_memory_and_time_and_comes_back(kernel, answer
     assert ref.double(2) == 4 and answers.starts == starts + 1  # a fresh referee answers the next call
 
 
+def test_a_call_just_under_the_size_limit_is_answered_within_the_default_cell_limit(kernel, answers):
+    """About 60 MB each way (11 M float32 values as base64, the size limit is 64 MB): the referee reads
+    and writes it in linear time, so it is answered in about the time the reference takes, inside the
+    default cell limit (the server's deadline for the call; past it the call fails)."""
+    from autograder.sandboxing.bubblewrap import Limits
+
+    server, _ = kernel
+    server.seconds = Limits().cell_seconds
+    x = torch.arange(11_000_000, dtype=torch.float32)
+    size = len(verdict.dumps(verdict.encode(x)))
+    assert 55e6 < size < verdict.MAX_MESSAGE
+    started = time.monotonic()
+    doubled = given(kernel).double(x)
+    print(f"{size / 1e6:.1f} MB each way, answered in {time.monotonic() - started:.2f} s")
+    assert torch.equal(doubled, 2 * x)
+
+
 def test_the_referee_starts_between_cells_never_inside_one(kernel, answers):
     """Ready, with the reference loaded, before a notebook's cells run; stopped with a cell that
     ended while its call ran, and made ready again before the next cell: its start-up (torch's
