@@ -107,6 +107,57 @@ def test_changes_to_the_grading_helpers_are_detected(code, found):
     assert found in _forked(code)
 
 
+def test_the_detectors_records_cannot_be_edited_and_a_second_seal_is_reported():
+    """What issue 23's detector kept in a module dict (reachable through any helper's ``__globals__``)
+    is now in closures, as immutable records: clearing every dict and set the detector's module holds,
+    and rebinding its functions, hides nothing; sealing again records nothing and is reported."""
+    found = _forked("""
+        import course_checks.checks as c
+        detector = c.check.__globals__["trusted"]
+        for name, value in list(vars(detector).items()):
+            if isinstance(value, (dict, set, list)) and not name.startswith("__"):
+                value.clear()
+        detector._helper_changes = lambda: []
+        detector._library_changes = lambda: []
+        detector.seal(c)
+        import torch
+        torch.allclose = lambda *a, **k: True
+        c.observe = print
+    """)
+    for change in ("torch.allclose", "course_checks.checks.observe", "seal (called again", "_helper_changes"):
+        assert change in found, (change, found)
+
+
+SHELL_SWAP = """
+import builtins
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+builtins.get_ipython = shell.get_ipython
+import course_checks.kernel_boot, course_checks.checks
+before = course_checks.checks._replaced()
+{swap}
+print(before, course_checks.checks._replaced())
+"""
+
+
+@pytest.mark.parametrize(
+    "swap, found",
+    [
+        ("shell.run_cell = lambda *a, **k: None", "IPython shell.run_cell"),
+        ("shell.showtraceback = lambda *a, **k: None", "IPython shell.showtraceback"),
+        ("type(shell).run_cell_async = lambda *a, **k: None", "IPython shell.run_cell_async"),
+    ],
+)
+def test_swapping_the_shells_execution_or_traceback_methods_is_reported(swap, found):
+    """A notebook that swaps the shell's ``run_cell``, ``run_cell_async`` or ``showtraceback`` could make
+    a cell whose check it stopped report success with no error: the detector reports it."""
+    program = SHELL_SWAP.format(swap=swap)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    before, after = result.stdout.strip().splitlines()[-1].split("] [")
+    assert before == "[" and found in after, result.stdout + result.stderr
+
+
 def test_the_head_loop_probe_counts_with_the_tracer_it_bound_before_student_code(monkeypatch):
     """A notebook that swaps ``sys.settrace`` / ``sys.gettrace`` (keeping the counter instead of
     installing it, and handing it back when asked) leaves the probe counting: it bound them when
