@@ -99,6 +99,8 @@ def submit(course: Course, entry: dict) -> Path:
     else:
         answers = {name: fill(source, course) for name, source in (entry.get("answers") or {}).items()}
     path = course.submit(student, ASSIGNMENT, answers, edit=edit, filename=entry.get("filename"))
+    for name, content in (entry.get("extra_files") or {}).items():
+        (path.parent / name).write_text(content, encoding="utf-8")
     if entry.get("nbformat") == 3:
         notebook = nbformat.read(path, as_version=4)
         path.write_text(nbformat.writes(nbformat.convert(notebook, 3), version=3), encoding="utf-8")

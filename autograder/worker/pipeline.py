@@ -139,7 +139,7 @@ def verdicts(g: Grading) -> None:
     test cell's points decided by that record alone."""
     records, flags = apply_verdicts(g.nb, g.server, g.job.spec.expected, g.execution, g.forged)
     g.result.checks = records
-    g.flag(flags)
+    g.flag(flags, [f"interfered with its hidden checks: {what}" for what in g.server.interference])
     g.decided = decided_scores(g.nb, records, g.execution)
 
 
