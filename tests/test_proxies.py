@@ -404,3 +404,82 @@ def test_cases_come_in_with_the_kernel_sides_classes_only():
     for foreign in (kv_cache._positions, catalogue.Exercise, pickle.loads):  # the catalogue never loads in a kernel
         with pytest.raises(verdict.ProtocolError, match="does not take"):
             proxies.unpack(verdict.b64encode(pickle.dumps(foreign, protocol=4)))
+
+
+# ---------------------------------------------------------------- 08: forward passes counted outside
+
+KV = "08_kv_cache"
+CLEARS_THE_PROBES_HOOK = "    model.embed._forward_hooks.clear()  # the count the kernel reports: nothing\n"
+RECOMPUTES_THROUGH_FORWARD_CACHED = (
+    "def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):\n"
+    + CLEARS_THE_PROBES_HOOK
+    + "    for _ in range(max_new_tokens):\n"
+    "        logits = forward_cached(model, tokens, KVCache())[:, -1, :]\n"
+    "        tokens = torch.cat([tokens, logits.argmax(dim=-1, keepdim=True)], dim=1)\n"
+    "    return tokens\n"
+)
+CALLS_GENERATE = (
+    "def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):\n"
+    "    if tokens.shape[1] + max_new_tokens > model.config.max_seq_len:\n"
+    "        raise ValueError(f'longer than max_seq_len = {model.config.max_seq_len}')\n"
+    + CLEARS_THE_PROBES_HOOK
+    + "    return generate(model, tokens, max_new_tokens, temperature, top_k)\n"
+)
+
+
+@pytest.fixture
+def kv_kernel(tmp_path, answers):
+    """Notebook 08's real judge and referee, its generate_cached check's cell running; the namespace a
+    kernel would have (the set-up cells run here) and the reference's own generate_cached source."""
+    from autograder import reference
+
+    cells = reference.source_cells(KV)
+    kv_judge = judge.Judge(KV, cells)
+    expected = {f"test_{name}": [(KV, name)] for name in kv_judge.exercises}
+    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {KV: kv_judge}, expected, answers, 60)
+    server.new_kernel([cell for cell in expected if cell != "test_generate_cached"])
+    server.start_cell("test_generate_cached")
+    namespace: dict = {}
+    for grade_id, source in cells:
+        if grade_id.startswith("setup"):
+            exec(source, namespace)
+    try:
+        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace, dict(cells)["generate_cached"]
+    finally:
+        server.end_cell()
+        server.close()
+
+
+def _check_generate_cached(kv_kernel, source: str):
+    server, remote, namespace, _ = kv_kernel
+    exec(source, namespace)
+    outcome = checks.diagnose(KV, "generate_cached", namespace, judge=remote)
+    outcome.restore()
+    (record,) = server.cell_verdicts("test_generate_cached")
+    return outcome, record
+
+
+def test_08s_cached_generation_is_counted_outside_the_kernel(kv_kernel):
+    """The reference's own generate_cached: every forward pass goes through forward_cached, so the
+    referee counts its positions; it passes, with nothing to review."""
+    outcome, record = _check_generate_cached(kv_kernel, kv_kernel[3])
+    assert outcome.passed, outcome.message
+    assert record.passed and record.review == []
+
+
+def test_08s_recomputation_through_forward_cached_shows_whatever_the_kernel_reports(kv_kernel):
+    """A generate_cached that recomputes the whole sequence through forward_cached with a fresh cache
+    at every step, and clears the probe's hook so that the kernel reports no positions: the referee
+    counted them, so it gets the recomputation's verdict."""
+    outcome, record = _check_generate_cached(kv_kernel, RECOMPUTES_THROUGH_FORWARD_CACHED)
+    assert not outcome.passed and "[mistake:recomputes-sequence]" in outcome.message, outcome.message
+    assert not record.passed
+
+
+def test_08s_passes_made_inside_the_kernel_are_flagged_for_review_not_scored(kv_kernel):
+    """A generate_cached that calls 07's generate (every pass inside the kernel, where the referee
+    cannot count it) and clears the probe's hook: the count it reports could be forged, so it decides
+    no points, and the check asks for a human's look."""
+    outcome, record = _check_generate_cached(kv_kernel, CALLS_GENERATE)
+    assert outcome.passed, outcome.message
+    assert len(record.review) == 1 and "ran inside the kernel" in record.review[0], record.review

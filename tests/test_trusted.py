@@ -206,6 +206,35 @@ def test_the_head_loop_probe_tells_the_learners_lines_from_the_librarys_with_wha
     assert where is not None and "for h in range(self.n_heads)" in where, where
 
 
+def test_a_loop_over_heads_compiled_under_a_library_file_name_is_still_counted_and_flagged():
+    """A forward pass whose loop over heads is compiled with a library's file name (so that no line of
+    it reads as the learner's): the probe counts every frame's steps, so the loop still shows as more
+    steps with more heads and the check fails; the compile call is flagged for review."""
+    import sysconfig
+
+    from autograder.exercises.multi_head_attention import NO_HEAD_LOOP_PROPERTY
+
+    source = "def forward(self, x):\n    return sum(self.proj(x) / (h + 1) for h in range(self.n_heads))\n"
+    namespace = {}
+    exec(compile(source, sysconfig.get_paths()["stdlib"] + "/json/heads.py", "exec"), namespace)
+
+    class Looping(nn.Module):
+        def __init__(self, width, n_heads):
+            super().__init__()
+            self.n_heads, self.proj = n_heads, nn.Linear(width, width)
+
+        forward = namespace["forward"]
+
+    seen = probes.HeadLoop().run(Looping, None)
+    few, many = seen["steps"]
+    assert many > few and seen["where"] is None, seen
+    message = NO_HEAD_LOOP_PROPERTY.reading(seen, NO_HEAD_LOOP_PROPERTY.probe, None)
+    assert message and "[mistake:head-loop]" in message, message
+    found = suspicious_code(['exec(compile(source, "/usr/lib/python3.11/json/heads.py", "exec"))'])
+    assert any("compiles code under a file name" in f for f in found) and not any(forges_helpers(f) for f in found)
+    assert suspicious_code(['exec(compile(source, "<string>", "exec"))']) == []
+
+
 def test_the_wire_writes_and_reads_with_what_it_bound_before_student_code():
     """A notebook that patches json (its encoder, its decoder) or base64 changes nothing the wire
     writes or reads: it bound their C parts when it was imported. (The change is reported too.)"""

@@ -66,6 +66,7 @@ class Verdict:
     finished: bool = False  # its invocation ran to its end (else the check did not finish)
     tampered: list = field(default_factory=list)
     reported: bool = False  # its result (or "missing") arrived; ``message`` waits for the end
+    review: list = field(default_factory=list)  # what its properties ask a human to look at (no points lost)
 
     @property
     def passed(self) -> bool:
@@ -236,8 +237,12 @@ class Judge:
 
         return predict
 
-    def verdict(self, name: str, problem, outputs, tampered, observations=()) -> str | None:
-        """The learner-facing message for this check, or None when it passed."""
+    def verdict(self, name: str, problem, outputs, tampered, observations=(), counted=None, notes=None) -> str | None:
+        """The learner-facing message for this check, or None when it passed.
+
+        ``counted``: what the referee counted of the work of the check's substitutes (outside the
+        kernel, where the notebook cannot forge it); a property that reads a count (``Property.counted``)
+        gets it beside what its probe saw. ``notes`` gets what the properties ask a human to review."""
         if tampered:
             return messages.tampering_message([str(t) for t in tampered])
         exercise = self.exercises[name]
@@ -250,8 +255,13 @@ class Judge:
             return f"`{target}`: what its check saw could not be read ({error})."
         if len(seen) < len(probes) and not problem:
             return f"`{target}`: the check did not report what it saw of the whole `{target}`."
+        if counted is not None:
+            seen = [
+                {"kernel": observation, "outside": counted.get(prop.counted, 0)} if prop.counted else observation
+                for prop, observation in zip(exercise.properties, seen)
+            ]
         with self.lock:
-            found = compare.property_problem(exercise, probes, seen, self.ref)
+            found = compare.property_problem(exercise, probes, seen, self.ref, notes)
         if found:
             return messages.finish(target, found)
         if problem:
@@ -323,6 +333,7 @@ class Invocation:
     next: int = 1
     message: str | None = None  # what its result earned, recorded at its end
     ended: bool = False
+    counted: dict = field(default_factory=dict)  # what the referee counted of its substitutes' work
 
 
 PROXY_OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
@@ -552,7 +563,7 @@ class VerdictServer:
             self.interfered(invocation, f"reported its result from outside the check ({str(request.get('why'))[:120]})")
             return {"message": "This check was interfered with; it does not count."}, invocation, False
         if op in PROXY_OPS and not record.reported:
-            return self._substitute(request, line), invocation, True
+            return self._substitute(request, line, invocation), invocation, True
         if op in ("result", "missing") and not record.reported:
             tampered = self._tampered(request)
             if op == "missing":
@@ -565,6 +576,8 @@ class VerdictServer:
                     outputs if isinstance(outputs, list) else [],
                     tampered,
                     observations if isinstance(observations, list) else [],
+                    counted=invocation.counted,
+                    notes=record.review,
                 )
             with self.lock:
                 record.reported, record.tampered = True, record.tampered or tampered
@@ -585,7 +598,7 @@ class VerdictServer:
         self.interfered(invocation, f"sent `{str(op)[:40]}` where its check does not")
         return {"message": "This check was interfered with; it does not count."}, invocation, False
 
-    def _substitute(self, request: dict, line: bytes) -> dict | bytes:
+    def _substitute(self, request: dict, line: bytes, invocation: Invocation | None = None) -> dict | bytes:
         """A substitute's call, answered by the referee when the check that handed it over runs now."""
         name, target = str(request.get("name")), str(request.get("target"))
         with self.lock:
@@ -602,7 +615,14 @@ class VerdictServer:
             self.asked = True
         if self.referee is None:
             return {"refused": "The reference cannot be reached here."}
-        return self.referee.ask(self.judges[str(request.get("assignment"))], self.session, line, self.seconds)
+        answer, counted = self.referee.ask(
+            self.judges[str(request.get("assignment"))], self.session, line, self.seconds
+        )
+        if invocation is not None:  # what the referee counted of the work, for the check that asked
+            for key, value in counted.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    invocation.counted[key] = invocation.counted.get(key, 0) + value
+        return answer
 
     def cell_verdicts(self, grade_id: str) -> list[Verdict]:
         with self.lock:

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from course_checks import verdict
+from course_checks.probes import COUNTED
 
 from .. import reference
 
@@ -194,9 +195,11 @@ class Oracle:
     def forget(self, session: str) -> None:
         self.sessions.pop(session, None)
 
-    def answer(self, key: str, session_id: str, line: bytes) -> dict:
+    def answer(self, key: str, session_id: str, line: bytes, counted: dict | None = None) -> dict:
+        """The reply to a kernel's call ``line``; ``counted`` gets what the judge counts of the work
+        it took (``embedded``: the token positions every embedding read)."""
         try:
-            return self._answer(key, session_id, line)
+            return self._answer(key, session_id, line, {} if counted is None else counted)
         except verdict.ProtocolError as error:
             return {"error": {"type": "ValueError", "message": f"the grader could not read this call: {error}"}}
         except RecursionError:
@@ -206,7 +209,7 @@ class Oracle:
         except Exception as error:  # the reference's own error on these inputs: the learner's code sees it
             return {"error": {"type": type(error).__name__, "message": str(error)[:4000]}}
 
-    def _answer(self, key: str, session_id: str, line: bytes) -> dict:
+    def _answer(self, key: str, session_id: str, line: bytes, counted: dict) -> dict:
         request = verdict.parse_line(line)
         ref, answers = self.refs[key]
         op, target = request.get("op"), request.get("target")
@@ -225,6 +228,9 @@ class Oracle:
         handles = []
         for index, module in enumerate(codec.hooked):
             handles.append(module.register_forward_hook(_recorder(calls, index)))
+        counted["embedded"] = 0
+        for embedding in _embeddings(this, *args, *kwargs.values()):
+            handles.append(embedding.register_forward_hook(_positions(counted)))
         reply: dict = {}
         try:
             with torch.no_grad():
@@ -272,6 +278,23 @@ class Oracle:
         return reply
 
 
+def _embeddings(*values) -> list:
+    """The embedding layers of the models among ``values`` that the grader counts (``probes.COUNTED``:
+    a probe's model, handed to a substitute such as ``forward_cached``)."""
+    found = {}
+    for value in values:
+        if isinstance(value, nn.Module) and getattr(value, COUNTED, False) is True:
+            found.update((id(m), m) for m in value.modules() if isinstance(m, nn.Embedding))
+    return list(found.values())
+
+
+def _positions(counted: dict):
+    def count(module, inputs, output):
+        counted["embedded"] += int(inputs[0].shape[-1]) if inputs and inputs[0].dim() else 1
+
+    return count
+
+
 def _recorder(calls: list, index: int):
     def record(module, inputs, output):
         if len(calls) < MAX_HOOK_CALLS:
@@ -308,6 +331,8 @@ def main(config: dict) -> None:
         header = stdin.readline(1 << 26)
         if not header:
             return
+        counted: dict = {}
+        op = None
         try:
             command = json.loads(header)
             op = command.get("op")
@@ -319,7 +344,7 @@ def main(config: dict) -> None:
                 reply = {"forgotten": True}
             elif op == "ask":
                 line = stdin.readline(verdict.MAX_MESSAGE + 1)
-                reply = oracle.answer(str(command["key"]), str(command.get("session")), line)
+                reply = oracle.answer(str(command["key"]), str(command.get("session")), line, counted)
             else:
                 reply = {"error": {"type": "ValueError", "message": "unknown command"}}
         except Exception as error:  # a command the worker sent wrong: say so, stay up
@@ -327,6 +352,8 @@ def main(config: dict) -> None:
         data = verdict.dumps(reply)
         if len(data) > verdict.MAX_MESSAGE:
             data = verdict.dumps({"error": {"type": "ValueError", "message": "the reference's answer is too large"}})
+        if op == "ask":  # what the judge counts, on a line of its own before the answer
+            stdout.write(verdict.dumps(counted) + b"\n")
         stdout.write(data + b"\n")
         stdout.flush()
 
@@ -475,8 +502,9 @@ class Referee:
                 self.close()  # the first call starts it again, and says so if it cannot
 
     # ------------------------------------------------------------ requests
-    def ask(self, judge, session: str, line: bytes, seconds: float) -> bytes:
-        """The referee's answer (a JSON line, for the kernel) to a kernel's call ``line``."""
+    def ask(self, judge, session: str, line: bytes, seconds: float) -> tuple[bytes, dict]:
+        """The referee's answer (a JSON line, for the kernel) to a kernel's call ``line``, and what the
+        judge counts of the work it took (``Oracle.answer``)."""
         deadline = time.monotonic() + max(1.0, seconds)
         with self.lock:
             self.busy = True
@@ -485,10 +513,11 @@ class Referee:
                 self._load(judge)
                 body = line if line.endswith(b"\n") else line + b"\n"
                 self._send(json.dumps({"op": "ask", "key": judge.key, "session": session}).encode() + b"\n" + body)
-                return self._line(deadline)
+                counted = json.loads(self._line(deadline))
+                return self._line(deadline), counted if isinstance(counted, dict) else {}
             except (RefereeGone, OSError, ValueError) as error:  # also a process closed under the read
                 self.close()
-                return verdict.dumps({"error": {"type": "RuntimeError", "message": f"the grader: {error}"}})
+                return verdict.dumps({"error": {"type": "RuntimeError", "message": f"the grader: {error}"}}), {}
             finally:
                 self.busy = False
 

@@ -250,6 +250,12 @@ def _introspection(node, resolve) -> list[str]:
             found.append("registers an IPython event hook")
         if node.attr in SHELL_METHODS and stored:
             found.append(f"replaces the shell's {node.attr}")
+    if isinstance(node, ast.Call) and _dotted(node.func) == "compile":
+        filename = (
+            node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "filename"), None)
+        )
+        if not (isinstance(filename, ast.Constant) and str(filename.value).startswith("<")):
+            found.append("compiles code under a file name of its choosing (a library's, to hide a loop from a probe)")
     if isinstance(node, ast.Name) and resolve(node.id) in _FRAME_CALLS:  # from inspect import stack
         found.append(f"inspects the call stack ({resolve(node.id)})")
     if isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "delattr") and len(node.args) > 1:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
 from ..cells import error_output, graded_id, nbgrader_of
-from ..flags import CHECK_INTERFERED, CHECKS_MISSING, PATCHED_FUNCTIONS
+from ..flags import CHECK_INTERFERED, CHECKS_MISSING, OBSERVED_IN_KERNEL, PATCHED_FUNCTIONS
 from ..messages import mistake_of, tagged, tampering_message
 from ..records import CheckRecord
 
@@ -64,6 +64,8 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                 message = tampering_message([f"code that {f}" for f in forged])
             if verdict is not None and verdict.tampered:
                 flags.append(PATCHED_FUNCTIONS)
+            if verdict is not None and verdict.review:
+                flags.append(OBSERVED_IN_KERNEL)
             if message and mistake_of(message) == "tampering" and verdict is not None:
                 flags.append(PATCHED_FUNCTIONS)
             if message and not any(o.get("evalue") == message for o in errors):
