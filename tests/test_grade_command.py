@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from browser_harness import CHROMIUM
 from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
-from hostile_submissions import ASSIGNMENT, load_catalogue, submit_all, verify
+from hostile_submissions import ASSIGNMENT, assignment_of, load_catalogue, submit_all, verify
 
 from autograder.flags import REVIEW_FLAGS
 
@@ -260,7 +260,7 @@ class TestSeparateRun:
     @pytest.mark.parametrize("entry", SEPARATE, ids=[e["id"] for e in SEPARATE])
     def test_separate_entry(self, run, entry):
         course, _ = run
-        verify(course, entry, ledger(course)[(entry["id"], ASSIGNMENT)])
+        verify(course, entry, ledger(course)[(entry["id"], assignment_of(entry))])
 
     def test_the_others_are_unaffected(self, run):
         course, _ = run

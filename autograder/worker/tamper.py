@@ -91,6 +91,8 @@ _FRAME_CALLS = {
     "sys._current_frames": "sys._current_frames",
     "sys.settrace": "sys.settrace",
     "sys.setprofile": "sys.setprofile",
+    "sys.gettrace": "sys.gettrace",
+    "sys.getprofile": "sys.getprofile",
     "threading.settrace": "threading.settrace",
     "threading.setprofile": "threading.setprofile",
     "inspect.currentframe": "inspect.currentframe",
