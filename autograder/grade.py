@@ -5,6 +5,7 @@
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
     ./course grade --workers 4 --cell-timeout 60 --force
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
+    ./course grade --watch --interval 10   # grade on submit, from nbgrader's exchange (``engine.watch``)
     course-grade ...                       # the same, installed (pip): from a course folder
     python -m autograder.grade ...         # the same (a course folder: its nbgrader_config.py)
 
@@ -101,7 +102,27 @@ def parse_args(argv):
         "(default: refuse at once, naming it)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    watching = parser.add_argument_group("grade on submit (a JupyterHub with nbgrader's exchange)")
+    watching.add_argument(
+        "--watch",
+        action="store_true",
+        help="collect from the exchange, grade what is new and release its feedback, every --interval seconds",
+    )
+    watching.add_argument("--interval", type=float, default=10.0, metavar="SECONDS", help="between passes (default 10)")
+    watching.add_argument(
+        "--feedback",
+        default="diagnosis",
+        choices=["full", "diagnosis", "after-due"],
+        help="what a student gets back before the assignment's due date: the full page with points, "
+        "the diagnosis without points (default), or nothing; after it, the full page",
+    )
+    watching.add_argument("--once", action="store_true", help="with --watch: one pass, then exit (for a timer)")
+    args = parser.parse_args(argv)
+    if args.watch and args.source:
+        parser.error("--watch collects from nbgrader's exchange; --from is for a folder or a zip")
+    if args.watch and args.scheduler:
+        parser.error("--watch grades on this machine")
+    return args
 
 
 def main(argv=None) -> int:
@@ -120,6 +141,10 @@ def main(argv=None) -> int:
         check_outputs(args, course)
         require_sandbox(course, sandboxed, address, say)
         limits = grading_limits(args, course)
+        if args.watch:
+            from .engine.watch import watch  # here: the grade command starts without it
+
+            return watch(args, course, limits, sandboxed, address, say)
         runner = choose_runner(args, course, limits, sandboxed, address)
     except Refused as refusal:
         print(f"grade: {refusal}", file=sys.stderr)
