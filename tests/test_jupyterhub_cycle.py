@@ -614,7 +614,7 @@ def service_snippet(hub) -> str:
     )
 
 
-def test_a_real_jupyterhub_starts_the_watcher_as_the_instructor_and_it_hands_back_feedback(hub, watched):
+def test_a_real_jupyterhub_starts_the_watcher_as_the_instructor_and_it_hands_back_feedback(hub):
     """JupyterHub (PyPI) with configurable-http-proxy (npm), bound to 127.0.0.1, its configuration the
     guide's service snippet: the hub starts the watcher as the instructor's Unix user, and a
     submission that arrives in the exchange comes back to the student as feedback."""

@@ -44,8 +44,21 @@ def exchange_config(course):
     return config
 
 
+# What nbgrader's exchange says on every pass about every assignment and student: nothing new.
+ROUTINE = ("No submissions of", "No newer submission to collect", "Processing ", "Source:", "Destination:")
+
+
+class _Routine(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ROUTINE)
+
+
 def _quiet(app, log: logging.Logger):
-    app.log = log
+    """``app`` logging into the watcher's log, without the lines that repeat on every pass."""
+    exchange_log = log.getChild("exchange")
+    if not exchange_log.filters:
+        exchange_log.addFilter(_Routine())
+    app.log = exchange_log
     return app
 
 
