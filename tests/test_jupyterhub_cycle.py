@@ -16,6 +16,13 @@ wheel alone, the instructor's the grader wheel too; both take their other depend
 checkout's venv (the locks' versions). The install lines themselves are resolved by pip with a
 dry run against the locks, with a local folder standing in for PyTorch's CPU index.
 
+Then grade on submit (docs/feedback-on-submit.md): the page's watcher runs as the instructor while
+the students submit and poll with ``nbgrader fetch_feedback`` as themselves until their page comes
+(the diagnosis, a fixed resubmission, a broken notebook, the watcher killed while grading and
+started again, a second watcher refused, the due date passing), printing the submit-to-feedback
+times; and a real JupyterHub (PyPI's, with npm's configurable-http-proxy, installed into this
+checkout's venv on first use) runs the page's service snippet, starting the watcher as the instructor.
+
 Needs root (``useradd``, ``runuser``) and a sandbox the instructor can start. The environments are
 made by this Python (the version CI runs; Debian's 3.11.2 is too old for the lock's soupsieve):
 where it lives in a folder other users cannot pass through (pyenv's in root's home, here), the

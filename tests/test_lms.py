@@ -13,6 +13,8 @@ import csv
 import io
 import shutil
 import sqlite3
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -157,7 +159,8 @@ def test_canvas_export_is_canvas_gradebook_layout_with_the_gradebooks_totals(cou
         f"doejane_23456_67891_{ASSIGNMENT}.ipynb": answer(course, "wrong"),
     })  # fmt: skip
     run(course, "--from", str(zipped), "--lms", "canvas", "--roster", str(roster))
-    result = grade(course.root, "export", "--lms", "canvas", "--roster", str(roster))
+    command = [sys.executable, "-m", "autograder.grade", "export", "--lms", "canvas", "--roster", str(roster)]
+    result = subprocess.run(command, cwd=course.root, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     path = course.root / "coursework" / "reports" / "canvas-grades.csv"
     assert str(path) in result.stdout

@@ -222,3 +222,28 @@ def test_the_timer_units_of_the_guide_are_valid_systemd_units(tmp_path):
         ["systemd-analyze", "verify", *(str(tmp_path / n) for n in units)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_on_a_terminal_it_draws_one_screen(klass):
+    """Its output on a terminal (a pseudo-terminal here): the screen cleared, the setting, the pass."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    command = [sys.executable, "-m", "autograder.grade", "--watch", "--once"]
+    process = subprocess.Popen(command, cwd=klass.course.root, env=klass.env, stdout=secondary, stderr=subprocess.PIPE)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the other end is closed: the command ended
+            break
+        if not chunk:
+            break
+        shown += chunk
+    assert process.wait(timeout=300) == 0, process.stderr.read()
+    os.close(primary)
+    text = shown.decode(errors="replace")
+    assert text.startswith("\x1b[H\x1b[2J"), text[:200]
+    assert "course-grade --watch: attention-transformers" in text and "last pass" in text
+    assert "0 collected, 0 graded, 0 released" in text
