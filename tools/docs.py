@@ -32,6 +32,7 @@ BUILD = DOCS / "_build" / "html"
 PAGES = DOCS / "notebooks"
 WIDGET_PICTURES = REPOSITORY / "assets" / "screenshots" / "widgets"
 TAKEN = REPOSITORY / "test-artifacts" / "widgets" / "cells"
+SITE_TAKEN = REPOSITORY / "test-artifacts" / "site"  # tests/test_site.py's pictures of two pages
 
 
 def page_of(notebook: nbformat.NotebookNode, assignment: str) -> nbformat.NotebookNode:
@@ -73,12 +74,16 @@ def write_notebook_pages() -> list[str]:
 
 
 def take_screenshots() -> int:
-    """Copy the browser tests' pictures of the widget cells into assets/; returns how many."""
+    """Copy the browser tests' pictures (the widget cells, two pages of the site) into assets/;
+    returns how many."""
     pictures = sorted(TAKEN.glob("*.png"))
     WIDGET_PICTURES.mkdir(parents=True, exist_ok=True)
     for picture in pictures:
         shutil.copy2(picture, WIDGET_PICTURES / picture.name)
-    return len(pictures)
+    pages = sorted(SITE_TAKEN.glob("*.png"))
+    for picture in pages:
+        shutil.copy2(picture, WIDGET_PICTURES.parent / f"site-{picture.name}")
+    return len(pictures) + len(pages)
 
 
 def build(hub: str | None = None, repository: str | None = None, quiet: bool = False) -> subprocess.CompletedProcess:
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     if args.screenshots:
-        print(f"docs: {take_screenshots()} widget pictures copied from {TAKEN} into {WIDGET_PICTURES}")
+        print(f"docs: {take_screenshots()} pictures copied from the browser tests' into assets/screenshots/")
     result = build(args.hub, args.repository)
     if result.returncode == 0:
         print(f"docs: the site is in {BUILD} (open {BUILD / 'index.html'})")
