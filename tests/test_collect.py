@@ -107,3 +107,12 @@ def test_names_the_grade_command_prints_have_their_control_characters_escaped(tm
         assert shown in text, shown
     printed = printable_lines("one\x1b[2K line\nand \u202eanother\tone")
     assert printed == "one\\x1b[2K line\nand \\u202eanother\tone"
+
+
+def test_the_watch_screen_escapes_what_a_submission_named():
+    """``./course grade --watch`` shows one line per event, whose text may name a submitted file."""
+    from autograder.engine.watch import Event, line
+
+    event = Event(0.0, "alice", "01_attention", "could not be graded (notes\x1b]0;pwned\x07\u202e.ipynb)")
+    shown = line(event)
+    assert shown.isprintable() and r"notes\x1b]0;pwned\x07\u202e.ipynb" in shown

@@ -56,13 +56,16 @@ def shown(name: str) -> str:
     return name if name.isprintable() else repr(name)
 
 
+def printable_line(text: str) -> str:
+    """``text`` as one line for a terminal: every character that is not printable (an escape, a bell, a
+    bidirectional override, a line break) escaped."""
+    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def printable_lines(text: str) -> str:
-    """``text`` for a terminal: line breaks kept, every other character that is not printable (an
-    escape, a bell, a bidirectional override) escaped. The grade command prints through it."""
-    return "\n".join(
-        "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in line)
-        for line in text.split("\n")
-    )
+    """``text`` for a terminal: line breaks kept, every other character that is not printable
+    escaped (``printable_line``). The grade command prints through it."""
+    return "\n".join(printable_line(line) for line in text.split("\n"))
 
 
 def usable_student_id(text: str) -> bool:
