@@ -532,11 +532,14 @@ class RemoteJudge:
         self._open: dict = {}  # (assignment, name) -> the check's ``finish``, from its begin to its result
 
     def begin(self, assignment: str, name: str, tampered) -> Shipment | str:
-        self._open.pop((assignment, name), None)
-        reply, ask, finish = _invocation(self.link, assignment, name, tampered)
+        stale = self._open.pop((assignment, name), None)
+        if stale is not None:  # begun before and stopped: its connection goes
+            stale[1]()
+        reply, ask, finish, close = _invocation(self.link, assignment, name, tampered)
         if finish is None or reply.get("message"):
+            close()
             return str(reply.get("message") or "The grader did not begin this check.")
-        self._open[(assignment, name)] = finish
+        self._open[(assignment, name)] = (finish, close)
         given = Given(ask, assignment, name, reply)
         codec = KernelCodec(given)
         return Shipment(
@@ -548,13 +551,13 @@ class RemoteJudge:
         )
 
     def result(self, assignment: str, name: str, problem, outputs, tampered, observations=()) -> str | None:
-        finish = self._open.pop((assignment, name), None)
+        finish = self._open.pop((assignment, name), (None,))[0]
         if finish is None:
             return f"The check of `{name}` was interfered with (or never began); it gives no points."
         return finish(verdict.Link.result(assignment, name, problem, outputs, tampered, observations)).get("message")
 
     def missing(self, assignment: str, name: str, message: str, tampered) -> str:
-        finish = self._open.pop((assignment, name), None)
+        finish = self._open.pop((assignment, name), (None,))[0]
         if finish is None:
             return message
         reply = finish(
@@ -578,10 +581,10 @@ def register_check(*functions) -> None:
 
 def _invocation(link: verdict.Link, assignment: str, name: str, tampered) -> tuple:
     """Begin a check: (the grader's reply, ``ask`` for its substitutes' calls, ``finish`` for its
-    result and end, or None when the grader refused it)."""
+    result and end, or None when the grader refused it, ``close`` for its connection)."""
     reply, send, close = link.open(assignment, name, tampered)
     if send is None:
-        return reply, link.ask, None
+        return reply, link.ask, None, close
     running = [True]
 
     def ask(message: dict) -> dict:
@@ -616,7 +619,7 @@ def _invocation(link: verdict.Link, assignment: str, name: str, tampered) -> tup
         finally:
             close()
 
-    return reply, ask, finish
+    return reply, ask, finish, close
 
 
 _PROXY_OPS = frozenset(("call", "forward", "construct", "method", "getattr", "setattr"))

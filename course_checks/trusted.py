@@ -97,6 +97,9 @@ def _unchanged(label: str, name: str, now, original) -> bool:
 # Attributes Python itself caches on a class: pickling an instance (torch.save, copy.deepcopy) stores
 # copyreg's list of slot names as __slotnames__. Their appearance is no tampering.
 _INTERPRETER_CACHES = frozenset({"__slotnames__"})
+# ... and in a module's globals: any warning, even an ignored one (a ResourceWarning for a socket
+# collected while a helper's frame runs), makes ``warnings`` add a __warningregistry__ there.
+_MODULE_CACHES = frozenset({"__warningregistry__"})
 
 
 def _snapshotter():
@@ -170,6 +173,8 @@ def _function_state(function) -> tuple:
 def _module_state(module) -> dict:
     state = {}
     for name, value in vars(module).items():
+        if name in _MODULE_CACHES:
+            continue
         state[name] = value
         if isinstance(value, types.FunctionType):
             state[f"{name}()"] = _function_state(value)

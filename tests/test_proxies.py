@@ -258,7 +258,7 @@ def test_a_result_sent_from_the_learners_code_ends_the_check_with_no_points(kern
             if route == "judge":
                 judge.result(ASSIGNMENT, "double", None, right, [])
             else:
-                judge._open[(ASSIGNMENT, "double")](verdict.Link.result(ASSIGNMENT, "double", None, right, []))
+                judge._open[(ASSIGNMENT, "double")][0](verdict.Link.result(ASSIGNMENT, "double", None, right, []))
         except verdict.ProtocolError as refused:
             attempts.append(str(refused))
         return x

@@ -54,6 +54,17 @@ def test_pickling_a_tensor_is_no_tampering():
     assert "torch.Tensor.item" in patched
 
 
+def test_a_warning_while_a_helper_runs_is_no_tampering():
+    """Any warning, even an ignored one (a ResourceWarning for a socket collected while a helper's frame
+    runs), makes Python add ``__warningregistry__`` to that module's globals: no change to report."""
+    found = _forked("""
+        import course_checks.modules as m
+        exec(compile("__import__('warnings').warn('collected', ResourceWarning)", "<x>", "exec"), vars(m))
+        assert "__warningregistry__" in vars(m)
+    """)
+    assert found == "[]", found
+
+
 def _forked(code: str) -> str:
     """What the detector finds after ``code`` runs in a fork of this process (whose helpers
     were sealed when it imported them): the change stays in the fork."""
