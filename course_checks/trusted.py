@@ -29,7 +29,7 @@ import numpy.testing
 import torch
 import torch.nn.functional
 
-from .compat import tensor_base
+from .compat import SHELL_METHODS, tensor_base
 
 # Namespaces whose callables must not change. For classes, a new attribute
 # counts too: it would shadow a method inherited from the base class.
@@ -145,25 +145,8 @@ def _snapshotter():
 # this module leads to them, so they cannot be edited in place. ``seal`` records
 # once; a second call changes nothing and is itself reported.
 
-# What a notebook could swap on the shell, its kernel or their session to make a cell that failed
-# (a check stopped, a visible assert) report success or show no error.
-_SHELL_METHODS = types.MappingProxyType(
-    {
-        "shell": (
-            "run_cell",
-            "run_cell_async",
-            "run_code",
-            "run_ast_nodes",
-            "showtraceback",
-            "_showtraceback",
-            "showsyntaxerror",
-            "set_custom_exc",
-            "transform_cell",
-        ),
-        "kernel": ("do_execute", "execute_request", "send_response"),
-        "session": ("send",),
-    }
-)
+# What a notebook could swap on the shell, its kernel or their session (``compat.SHELL_METHODS``).
+_SHELL_METHODS = types.MappingProxyType(dict(SHELL_METHODS))
 
 
 def _function_state(function) -> tuple:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from IPython.core.inputtransformer2 import TransformerManager
 
+from course_checks import compat
+
 from ..cells import nbgrader_of, tracked_id
 from ..flags import (
     CELL_DELETED,
@@ -111,19 +113,9 @@ _SHELL_HOOKS = {
     "user_ns": "reaches into IPython's user_ns",
     "user_global_ns": "reaches into IPython's user_ns",
 }
-# What a cell runs through and how its error is shown: replacing one can make a failed cell report success.
-SHELL_METHODS = (
-    "run_cell",
-    "run_cell_async",
-    "run_code",
-    "run_ast_nodes",
-    "showtraceback",
-    "_showtraceback",
-    "showsyntaxerror",
-    "do_execute",
-    "execute_request",
-    "shell_handlers",
-)
+# What a cell runs through and how its error is shown: replacing one can make a failed cell report success
+# (the session's ``send`` aside: honest code names its own methods so; the kernel's detector watches it).
+SHELL_METHODS = tuple(name for names in compat.SHELL_METHODS.values() for name in names if name != "send")
 # Findings that mean the grading helpers themselves may have been changed.
 _FORGING = (*GRADING_PACKAGES, "sys.modules", "a function's", "computed object", "the shell's")
 
