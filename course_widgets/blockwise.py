@@ -138,26 +138,30 @@ class BlockStepper(Explorer):
         S = self.x.shape[0]
         self.tokens = list(tokens) if tokens is not None else [f"token {s}" for s in range(S)]
         self.query = widgets.Dropdown(
-            options=[(f"{t}: {name}", t) for t, name in enumerate(self.tokens)], value=query, description="query"
+            options=[(f"{t}: {name}", t) for t, name in enumerate(self.tokens)],
+            value=query,
+            description="query",
+            layout={"width": "200px"},
         ).add_class("query-picker")
-        self.block_size = widgets.IntSlider(block_size, min=1, max=S, description="block size").add_class(
-            "block-size-slider"
-        )
+        wide_label = {"description_width": "initial"}
+        self.block_size = widgets.IntSlider(
+            block_size, min=1, max=S, description="block size", style=wide_label
+        ).add_class("block-size-slider")
         self.step = widgets.IntSlider(
-            step, min=0, max=math.ceil(S / block_size), description="blocks merged"
+            step, min=0, max=math.ceil(S / block_size), description="blocks merged", style=wide_label
         ).add_class("step-slider")
-        super().__init__([self.query, self.block_size, self.step], figsize=(10, 3.5))
+        super().__init__([self.query, self.block_size, self.step], figsize=(9, 3.4))
         if self.skipped:
             return
         self.summary = widgets.HTML("").add_class("stepper-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
-        self.score_axes, self.weight_axes, self.output_axes = self.figure.subplots(1, 3, width_ratios=[1.15, 1.15, 1])
+        self.score_axes, self.weight_axes, self.output_axes = self.figure.subplots(1, 3, width_ratios=[1.1, 1.1, 1])
         keys = range(S)
         self.score_bars = self.score_axes.bar(keys, [0.0] * S, color=WAITING)
         (self.max_line,) = self.score_axes.plot([-0.5, S - 0.5], [0, 0], color="crimson", linewidth=2)
         self.max_text = self.score_axes.text(S - 0.5, 0, "", ha="right", va="bottom", color="crimson", fontsize=9)
         self.score_axes.axhline(0, color="0.5", linewidth=0.8)
-        self.score_axes.set_title("scores of the query, q·k/√d")
+        self.score_axes.set_title("scores q·k/√d")
         self.weight_bars = self.weight_axes.bar(keys, [0.0] * S, color=WAITING)
         (self.softmax_marks,) = self.weight_axes.plot(
             keys, [0.0] * S, linestyle="none", marker="_", markersize=14, markeredgewidth=2, color="black"
@@ -181,7 +185,7 @@ class BlockStepper(Explorer):
         pad = 0.12 * (high - low) + 0.5
         self.output_axes.set_xlim(low[0] - pad[0], high[0] + pad[0])
         self.output_axes.set_ylim(low[1] - pad[1], high[1] + pad[1])
-        self.output_axes.set_title("output so far, o/ℓ (★ softmax's)")
+        self.output_axes.set_title("output so far, o/ℓ (★ final)")
         self.trail = []  # the running state (m, ℓ, o) after each merged block, for a test or a reader
         self.refresh()
 

@@ -3,16 +3,16 @@ float64, -inf or -1e9 masking, a loop over queries, a preallocated output or tor
 and, without nbgrader, the references against independent implementations (PyTorch's softmax and
 scaled_dot_product_attention) and the catalogue's power to tell its mistakes apart."""
 
-import itertools
 import math
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
+from catalogue_checks import assert_mutants_differ, assert_mutants_recognised
 from grading_suite import GradingSuite
 
-from autograder import compare, reference
+from autograder import reference
 from autograder.exercises import efficient_attention
 from autograder.local_judge import judge_function
 
@@ -355,30 +355,13 @@ def test_a_future_key_that_scores_high_breaks_only_the_max_taken_before_masking(
 def test_each_mutant_differs_from_the_reference_and_from_every_other(solved, name):
     """Recognition needs a case where each mutant differs from the reference, and mutants with
     different ids must disagree on those cases."""
-    exercise = efficient_attention.EXERCISES[name]
-    cases = list(exercise.cases(solved))
-    reference_function = getattr(solved, name)
-
-    def outputs(function):
-        return [case.run(function) for case in cases]
-
-    expected = outputs(reference_function)
-    mutants = [(mistake, outputs(mistake.mutant(solved))) for mistake in exercise.mistakes]
-    for mistake, got in mutants:
-        assert any(compare.close(g, e, exercise.atol, exercise.rtol) for g, e in zip(got, expected)), mistake.name
-    for (a, got_a), (b, got_b) in itertools.combinations(mutants, 2):
-        if a.id == b.id:
-            continue
-        assert any(compare.close(x, y, exercise.atol, exercise.rtol) for x, y in zip(got_a, got_b)), (a.id, b.id)
+    assert_mutants_differ(efficient_attention.EXERCISES[name], solved)
 
 
 @pytest.mark.parametrize("name", list(efficient_attention.EXERCISES))
 def test_each_mutant_is_recognised_as_itself(solved, name):
     """The judge names each mutant's own mistake (not an earlier entry's)."""
-    exercise = efficient_attention.EXERCISES[name]
-    for mistake in exercise.mistakes:
-        message = judge_function(exercise, mistake.mutant(solved), solved)
-        assert message is not None and f"[mistake:{mistake.id}]" in message, (mistake.name, message)
+    assert_mutants_recognised(efficient_attention.EXERCISES[name], solved)
 
 
 def learner(solved, source: str, name: str):

@@ -26,21 +26,13 @@ import torch
 from course_checks.scripts import MergeCase
 
 from .catalogue import Case, Exercise, Mistake
+from .causal_masking import EXAMPLE_V, EXAMPLE_X  # notebook 01's worked example: queries = keys, values
 
 ASSIGNMENT = "09_efficient_attention"
-
-# The worked example of notebook 01: queries = keys, values v0, v1, v2.
-EXAMPLE_X = ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0))
-EXAMPLE_V = ((1.0, 0.0), (0.0, 10.0), (5.0, 5.0))
 
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def _randint(low: int, high: int, generator) -> int:
-    """A seeded integer in [low, high]."""
-    return int(torch.randint(low, high + 1, (1,), generator=generator))
 
 
 def _partial(scores: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -233,8 +225,7 @@ def blockwise_attention_cases(ref):
     )
     q, k, v = _qkv(g, (), 7, 7, 4, 3)
     yield Case("7 tokens with scores up to about ±1000, block_size=3", (q * 30, k * 30, v, 3))
-    T = _randint(13, 24, g)
-    block = _randint(2, 7, g)
+    T, block = (int(torch.randint(low, high + 1, (1,), generator=g)) for low, high in ((13, 24), (2, 7)))
     yield Case(f"{T} tokens (random), causal, block_size={block}", (*_qkv(g, (), T, T, 8, 8), block), {"causal": True})
 
 
