@@ -162,6 +162,14 @@ def predict_cells():
                 yield assignment, index, cell
 
 
+def test_notebooks_01_to_04_each_ask_two_or_three_questions():
+    counts = {}
+    for assignment, _, _ in predict_cells():
+        counts[assignment] = counts.get(assignment, 0) + 1
+    for assignment in ("01_attention", "02_causal_masking", "03_multi_head_attention", "04_rope"):
+        assert 2 <= counts.get(assignment, 0) <= 3, (assignment, counts)
+
+
 def test_every_question_cell_is_a_widget_cell_with_its_source_folded_and_builds():
     """Tagged ``widget`` (the browser tests drive it), the source (which holds the answer) folded
     away, and the call itself valid: run on its own, it makes a Prediction."""
