@@ -25,8 +25,9 @@ is committed at once.
 Neither the answer nor the reason reaches the page before the commitment: they are put into
 the widget only then, and taken out again when it is taken back. They are in the cell's source
 all along, though (a notebook cannot keep a secret from its reader), so the course folds the
-source of these cells away (``"jupyter": {"source_hidden": true}``) and relies on nothing
-more: a question is an invitation to think first, not a test.
+source of these cells away (``"jupyter": {"source_hidden": true}`` in JupyterLab, the tag
+``hide-input`` on the site's pages) and relies on nothing more: a question is an invitation to
+think first, not a test.
 
 Class mode and self-study behave the same. A prediction is not graded and is recorded nowhere
 (no progress file, no gradebook), and its answer is not a solution to any exercise, so there is
@@ -119,7 +120,9 @@ class Prediction(widgets.VBox):
             self.entry = widgets.Text(
                 value="", placeholder="your prediction, then Enter", continuous_update=False
             ).add_class("predict-entry")
-        self.commit = widgets.ToggleButton(value=False, description=COMMIT, icon="lock").add_class("predict-commit")
+        self.commit = widgets.ToggleButton(
+            value=False, description=COMMIT, icon="lock", layout={"width": "auto", "margin": "0 0 0 1em"}
+        ).add_class("predict-commit")
         self.prompt = widgets.HTML(f"<b>Predict, then run.</b> {_inline(question)}").add_class("predict-question")
         self.status = widgets.HTML("").add_class("predict-status")
         self.reveal = widgets.HTML("").add_class("predict-answer")

@@ -172,13 +172,14 @@ def test_notebooks_01_to_04_each_ask_two_or_three_questions():
 
 def test_every_question_cell_is_a_widget_cell_with_its_source_folded_and_builds():
     """Tagged ``widget`` (the browser tests drive it), the source (which holds the answer) folded
-    away, and the call itself valid: run on its own, it makes a Prediction."""
+    away in JupyterLab and on the site, and the call itself valid: run on its own, it makes a Prediction."""
     cells = list(predict_cells())
     assert cells
     for assignment, index, cell in cells:
         where = f"{assignment} cell {index}"
         assert "widget" in cell["metadata"].get("tags", []), f"{where} is not tagged widget"
         assert cell["metadata"].get("jupyter", {}).get("source_hidden") is True, f"{where}: source not folded"
+        assert "hide-input" in cell["metadata"]["tags"], f"{where}: the site's page would show the answer"
         widget = eval("".join(cell["source"]), {"predict": predict})
         assert isinstance(widget, Prediction), where
         assert widget.why not in shown(widget), where
