@@ -9,7 +9,8 @@ the grader: under ``./course grade`` a substitute answered outside (``proxies``)
 
 - notebook 02: ``FutureChangeCase`` (do earlier outputs move when later tokens change?);
 - notebook 07: ``ConfigCase``, ``SamplingCase`` (with the stand-in ``Bigram`` model), ``LoadCase``;
-- notebook 08: ``CacheScript``, ``AttendScript``, ``ForwardScript``, ``LimitCase``.
+- notebook 08: ``CacheScript``, ``AttendScript``, ``ForwardScript``, ``LimitCase``;
+- notebook 09: ``MergeCase`` (one call whose three results are named).
 """
 
 from __future__ import annotations
@@ -257,3 +258,14 @@ class LimitCase(Case):
         except ValueError:
             return True
         return False
+
+
+# ---------------------------------------------------------------- notebook 09
+
+
+@dataclass
+class MergeCase(Case):
+    """One call of a function that returns a partial softmax result (m, l, o): a plain call, whose
+    three items a message names by what they are."""
+
+    item_names: tuple = ("the running max m", "the running sum ℓ", "the partial output o")

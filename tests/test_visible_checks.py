@@ -140,6 +140,11 @@ WRONG = {
             edit("the triangle at the top left", (".tril(diagonal=S - T)", ".tril()")),
             edit("S ignored", ("S = T if S is None else S", "S = T")),
         ],
+        "sliding window": [
+            edit("the window one too wide", ("S - T - window + 1", "S - T - window")),
+            edit("the window ignored", ("mask = mask.triu(diagonal=S - T - window + 1)", "pass")),
+            edit("the window measured from the query's index", ("S - T - window + 1", "-window + 1")),
+        ],
     },
     ("02_causal_masking", "causal_attention"): {
         "worked example": [edit("no mask", ("attention(q, k, v, causal_mask(T, S))", "attention(q, k, v)"))],
@@ -692,6 +697,108 @@ WRONG = {
                 "the limit off by one",
                 ("tokens.shape[1] + max_new_tokens > limit", "tokens.shape[1] + max_new_tokens >= limit"),
             ),
+        ],
+    },
+    ("09_efficient_attention", "merge_partials"): {
+        "worked example": [
+            edit(
+                "the merged output divided by the merged sum",
+                ("scale_a * o_a + scale_b * o_b", "(scale_a * o_a + scale_b * o_b) / (scale_a * l_a + scale_b * l_b)"),
+            )
+        ],
+        # the worked example's two blocks share their max, 0.71: a factor left out is 1 there
+        "a larger max later": [
+            edit("the old sum not rescaled", ("scale_a * l_a + scale_b * l_b", "l_a + scale_b * l_b")),
+            edit("the old output not rescaled", ("scale_a * o_a + scale_b * o_b", "o_a + scale_b * o_b")),
+        ],
+        "either order": [
+            whole(
+                "the second partial's max taken as the merged one",
+                """
+def merge_partials(m_a, l_a, o_a, m_b, l_b, o_b):
+    scale = torch.exp(m_a - m_b)
+    return m_b, scale * l_a + l_b, scale * o_a + o_b
+""",
+            )
+        ],
+        "batch": [
+            edit(
+                "the larger max along axis 1, the last one of a 2-D column only",
+                ("m = torch.maximum(m_a, m_b)", "m = torch.cat([m_a, m_b], dim=1).amax(dim=1, keepdim=True)"),
+            )
+        ],
+        # contrived: the maximum written as m_b plus the clamped difference, nan when m_b is -inf
+        "empty partial": [
+            edit(
+                "a max that is nan against -inf", ("m = torch.maximum(m_a, m_b)", "m = m_b + (m_a - m_b).clamp(min=0)")
+            )
+        ],
+        "large scores": [
+            whole(
+                "the exponentials of the maxima themselves",
+                """
+def merge_partials(m_a, l_a, o_a, m_b, l_b, o_b):
+    m = torch.maximum(m_a, m_b)
+    total = l_a * torch.exp(m_a) + l_b * torch.exp(m_b)
+    out = o_a * torch.exp(m_a) + o_b * torch.exp(m_b)
+    return m, total / torch.exp(m), out / torch.exp(m)
+""",
+            )
+        ],
+    },
+    ("09_efficient_attention", "blockwise_attention"): {
+        "worked example": [edit("no sqrt(d)", (" / math.sqrt(d)", ""))],
+        "any block size": [
+            edit(
+                "the last, shorter block of keys left out",
+                ("for j0 in range(0, S, block_size):", "for j0 in range(0, S - block_size + 1, block_size):"),
+            )
+        ],
+        "causal": [
+            edit(
+                "a query does not see itself on the diagonal",
+                ("<= torch.arange(i0, i1)[:, None] + offset", "< torch.arange(i0, i1)[:, None] + offset"),
+            ),
+            edit(
+                "the diagonal tiles skipped",
+                ('scores = scores.masked_fill(~visible, float("-inf"))', "continue"),
+            ),
+        ],
+        "KV cache": [
+            edit("the queries taken as the first positions", ("offset = S - T", "offset = 0")),
+            edit("no clamp: nan for a row that sees no key of a tile", (".clamp(min=-1e30)", "")),
+        ],
+        "batch and float64": [
+            edit(
+                "a float32 output whatever the inputs",
+                (
+                    "out = torch.empty(*batch, T, v.shape[-1], dtype=q.dtype)",
+                    "out = torch.empty(*batch, T, v.shape[-1])",
+                ),
+            )
+        ],
+        "no T x S table": [
+            whole(
+                "01's attention on the whole table",
+                """
+def blockwise_attention(q, k, v, block_size, causal=False):
+    T, S = q.shape[-2], k.shape[-2]
+    return attention(q, k, v, causal_mask(T, S) if causal else None)
+""",
+            ),
+            edit(
+                "the diagonal tiles' masks cut from a full causal_mask",
+                (
+                    "visible = torch.arange(j0, j1) <= torch.arange(i0, i1)[:, None] + offset",
+                    "visible = causal_mask(T, S)[i0:i1, j0:j1]",
+                ),
+            ),
+        ],
+        "causal skips the future": [
+            edit(
+                "the future tiles computed and masked away",
+                ("                break ", "                pass "),
+            )
         ],
     },
 }
