@@ -42,11 +42,19 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def course_version() -> str:
+    """The course's version (the grader's package metadata; the site and the course's package agree)."""
+    from importlib.metadata import version
+
+    return version("attention-transformers-grader")
+
+
 def parse_args(argv):
     # named as the instructor called it: ./course grade, or the installed console script
     prog = "course-grade" if Path(sys.argv[0]).name == "course-grade" else "./course grade"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
+    parser.add_argument("--version", action="version", version=f"course-grade {course_version()}")
     parser.add_argument(
         "--from",
         dest="source",

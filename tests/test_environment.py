@@ -24,6 +24,13 @@ NOT_IN_LOCKS = {"torch"}
 CUDA_PACKAGE = re.compile(r"^(nvidia-|cuda-|triton$)")
 
 
+def course_version() -> str:
+    """The course's version: the package metadata's, which the grader's, the site and course-grade share."""
+    import tomllib
+
+    return tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["project"]["version"]
+
+
 def pins(set_name: str) -> dict:
     """The top-level pins of a set (requirements/<set>.in and the files it includes), pip names."""
     found = {}

@@ -1,10 +1,11 @@
-"""The README's JupyterHub guide, run as written, with an instructor and two students as separate Unix users.
+"""The site's JupyterHub guide (docs/jupyterhub.md), run as written, with an instructor and two students as
+separate Unix users.
 
-The README's hub section is read here: its shell blocks, each headed by its role (``# admin``,
+The guide is read here: its shell blocks, each headed by its role (``# admin``,
 ``# instructor``, ``# student``), run in order with ``bash -e``, as root for the admin and
 through ``runuser`` as each user otherwise, in their homes (mode 0700, as ``useradd`` makes them
 on Debian), with only the environment's ``bin/`` and the system's on their PATH. What the test
-changes, each a literal substitution that must be in the README: the exchange
+changes, each a literal substitution that must be in the guide: the exchange
 (``/srv/nbgrader/exchange``) and the system-wide configuration (``/etc/jupyter``, here each
 environment's own ``etc/jupyter``) live in a temporary folder, and the clone's URL is a local
 repository made from this checkout's course files. Between fetch and submit each student
@@ -55,8 +56,8 @@ CLONE_URL = "https://github.com/attention-transformers/course.git"
 
 
 def hub_section() -> str:
-    readme = (REPOSITORY / "README.md").read_text()
-    return readme.split("\n### On a JupyterHub with nbgrader's exchange\n", 1)[1].split("\n### ", 1)[0]
+    """The guide: its page on the site."""
+    return (REPOSITORY / "docs" / "jupyterhub.md").read_text()
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -73,7 +74,7 @@ def test_the_guide_reads_as_the_cycle():
     roles = [role for role, _ in blocks()]
     assert roles == ["install", "admin", "instructor", "instructor", "student", "student", "instructor", "student"]
     for text in (EXCHANGE, SYSTEM_CONFIG, CLONE_URL, CPU_INDEX):
-        assert text in hub_section(), f"the README's hub guide no longer says {text} (the test replaces it)"
+        assert text in hub_section(), f"the hub guide no longer says {text} (the test replaces it)"
 
 
 # ---------------------------------------------------------------- the install lines, resolved
@@ -98,7 +99,7 @@ def test_the_install_lines_take_pytorchs_cpu_build_and_the_locks_versions(image,
     (a dry run, no configuration files, so only PyPI and that folder are asked): torch is the CPU
     build, no NVIDIA library comes, the course's distributions come from the clone, and every other
     package at the lock's version."""
-    from test_environment import locked_versions, pins
+    from test_environment import course_version, locked_versions, pins
     from test_grader_package import lock_as_constraints
 
     wheel = local_cpu_torch()
@@ -138,9 +139,9 @@ def test_the_install_lines_take_pytorchs_cpu_build_and_the_locks_versions(image,
         for item in json.loads(report.read_text())["install"]
     }
     assert resolved.pop("torch") == f"{pins('student')['torch']}+cpu"
-    assert resolved.pop(COURSE) == "0.1.0"
+    assert resolved.pop(COURSE) == course_version()
     if image == "instructor":
-        assert resolved.pop(GRADER) == "0.1.0"
+        assert resolved.pop(GRADER) == course_version()
     assert not [name for name in resolved if re.match(r"nvidia-|cuda-|triton$", name)]
     assert resolved == {name.replace("_", "-"): version for name, version in locked_versions(set_name).items()}
 
