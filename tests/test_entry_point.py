@@ -353,3 +353,39 @@ def test_the_entry_point_runs_under_development_mode_with_warnings_as_errors(arg
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert (result.returncode, result.stdout[: len(output)]) == (status, output), result.stderr
     assert "Warning" not in result.stderr and "Traceback" not in result.stderr
+
+
+# --- a step that fails ---
+
+
+def test_a_failing_step_names_itself_its_reason_and_the_command_to_run_by_hand(tmp_path):
+    """pip's only index a closed port on 127.0.0.1 (no configuration, no wheel folder): the lock's step
+    fails at once, and the set-up says which step, why, and what to run by hand; nothing is stamped."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again when the block ends: nothing listens there
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PIP_", "UV_"))}
+    env |= {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": f"http://127.0.0.1:{port}/simple",
+        "PIP_RETRIES": "0",
+        "COURSE_INSTALLER": "pip",
+        "COURSE_VENV": str(tmp_path / "venv"),
+        "PYTHON": str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"),
+    }
+    result = run_course("setup", "student", env=env, timeout=600)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[-2] == (
+        "[course] set-up stopped at step 1/3: pip could not install the student set (its messages are above)"
+    )
+    python = tmp_path / "venv" / "bin" / "python"
+    lock = REPOSITORY / "requirements" / "student.txt"
+    assert lines[-1] == (
+        f"[course] to run it by hand: {python} -m pip install --disable-pip-version-check --require-hashes -r {lock}"
+    )
+    assert "ERROR: No matching distribution found for " in result.stderr  # pip's own message, above
+    assert result.stdout == ""  # no ready line
+    assert python.is_file() and not (tmp_path / "venv" / ".course-installed").exists()
