@@ -1,4 +1,4 @@
-"""Benchmark: how long ./course takes to answer --help, and ./course grade --help.
+"""Benchmark: how long ./course takes to answer --help and ./course grade --help, and a set-up with nothing to do.
 
     ./course bench startup [--repeat N]
 
@@ -38,6 +38,7 @@ def main() -> int:
         "./course grade --help": [course, "grade", "--help"],
         "python course grade --help": [sys.executable, course, "grade", "--help"],
         "python -m autograder.grade --help": [sys.executable, "-m", "autograder.grade", "--help"],
+        "./course setup student (nothing to do)": [course, "setup", "student"],
         "python -c pass (the interpreter alone)": [sys.executable, "-c", "pass"],
     }
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; {args.repeat} runs each")
