@@ -43,7 +43,7 @@ def read_course(args) -> CourseFolder:
     if unknown:
         raise Refused(f"unknown assignment(s) {', '.join(unknown)}; known: {', '.join(known)}")
     source = args.source or course.submitted
-    if not source.exists():
+    if not source.exists() and not getattr(args, "watch", False):  # a watcher collects into it
         raise Refused(f"{source} does not exist: nothing to grade")
     return course
 
