@@ -273,6 +273,8 @@ def export(argv) -> int:
     parser.add_argument("--csv", type=Path, help="where (default: coursework/reports/<lms>-grades.csv)")
     args = parser.parse_args(argv)
     from .engine.lms import Roster, canvas_gradebook  # here: the grade command starts without it
+    from .engine.plan import read_course
+    from .records import Refused
 
     try:
         course = read_course(argparse.Namespace(db=args.db, assignments=[], source=None))
