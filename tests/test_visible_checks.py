@@ -296,6 +296,14 @@ WRONG = {
         "LLaMA-2-7B": [edit("keys only", ("return 2 * n_layers", "return n_layers"))],
         "LLaMA-3-8B": [edit("batch ignored", (" * batch_size", ""))],
     },
+    ("05_grouped_query_attention", "mla_cache_bytes"): {
+        "DeepSeek-V2": [
+            edit("a key and a value, as in kv_cache_bytes", ("return n_layers *", "return 2 * n_layers *")),
+            edit("the RoPE key left out", ("(latent_dim + rope_dim)", "latent_dim")),
+        ],
+        "tokens": [edit("seq_len ignored", (" * seq_len * batch_size", " * batch_size"))],
+        "batch and precision": [edit("batch ignored", (" * batch_size *", " *"))],
+    },
     ("06_transformer_block", "RMSNorm"): {
         "weight": [
             edit(
