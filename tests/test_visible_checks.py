@@ -702,6 +702,62 @@ WRONG = {
             ),
         ],
     },
+    ("08_kv_cache", "RollingKVCache"): {
+        "slots": [
+            edit(
+                "the window returned in slot order",
+                ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(min(end, W))"),
+            ),
+            whole(
+                "the window kept oldest first by shifting",
+                """
+                class RollingKVCache:
+                    def __init__(self, window):
+                        self.window, self.keys, self.values, self.seen = window, {}, {}, 0
+
+                    def update(self, layer, k, v):
+                        if layer == 0:
+                            self.seen += k.shape[2]
+                        if layer in self.keys:
+                            k = torch.cat([self.keys[layer], k], dim=2)
+                            v = torch.cat([self.values[layer], v], dim=2)
+                        self.keys[layer], self.values[layer] = k[:, :, -self.window:], v[:, :, -self.window:]
+                        return self.keys[layer], self.values[layer]
+
+                    @property
+                    def length(self):
+                        return self.seen
+                """,
+            ),
+            edit(
+                "length stops at the window",
+                (
+                    "return next(iter(self.written.values()), 0)",
+                    "return min(next(iter(self.written.values()), 0), self.window)",
+                ),
+            ),
+        ],
+        "a long prompt": [
+            edit(
+                "only the first position of each update written",
+                ("slots = torch.arange(first, end) % W", "slots = torch.tensor([start % W])"),
+                (
+                    "self.keys[layer][:, :, slots] = k[:, :, first - start:]",
+                    "self.keys[layer][:, :, slots] = k[:, :, :1]",
+                ),
+                (
+                    "self.values[layer][:, :, slots] = v[:, :, first - start:]",
+                    "self.values[layer][:, :, slots] = v[:, :, :1]",
+                ),
+            )
+        ],
+        "against the recomputed window": [
+            edit(
+                "unwritten slots returned before the window fills",
+                ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(end - W, end) % W"),
+            )
+        ],
+    },
 }
 
 
