@@ -140,6 +140,11 @@ WRONG = {
             edit("the triangle at the top left", (".tril(diagonal=S - T)", ".tril()")),
             edit("S ignored", ("S = T if S is None else S", "S = T")),
         ],
+        "sliding window": [
+            edit("the window one too wide", ("S - T - window + 1", "S - T - window")),
+            edit("the window ignored", ("mask = mask.triu(diagonal=S - T - window + 1)", "pass")),
+            edit("the window measured from the query's index", ("S - T - window + 1", "-window + 1")),
+        ],
     },
     ("02_causal_masking", "causal_attention"): {
         "worked example": [edit("no mask", ("attention(q, k, v, causal_mask(T, S))", "attention(q, k, v)"))],
