@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from grading_suite import GradingSuite
+from test_grading_08_kv_cache import ROLLING_SHIFTED
 from visible_checks import assignments, check_cells, reference_answers, run_visible
 
 ASSIGNMENTS = assignments()
@@ -713,27 +714,7 @@ WRONG = {
                 "the window returned in slot order",
                 ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(min(end, W))"),
             ),
-            whole(
-                "the window kept oldest first by shifting",
-                """
-                class RollingKVCache:
-                    def __init__(self, window):
-                        self.window, self.keys, self.values, self.seen = window, {}, {}, 0
-
-                    def update(self, layer, k, v):
-                        if layer == 0:
-                            self.seen += k.shape[2]
-                        if layer in self.keys:
-                            k = torch.cat([self.keys[layer], k], dim=2)
-                            v = torch.cat([self.values[layer], v], dim=2)
-                        self.keys[layer], self.values[layer] = k[:, :, -self.window:], v[:, :, -self.window:]
-                        return self.keys[layer], self.values[layer]
-
-                    @property
-                    def length(self):
-                        return self.seen
-                """,
-            ),
+            whole("the window kept oldest first by shifting", ROLLING_SHIFTED),
             edit(
                 "length stops at the window",
                 (
