@@ -60,3 +60,7 @@ c.FileNameCollectorPlugin.named_regexp = (
     r"^(?P<student_id>.+?)(?:_attempt_(?P<timestamp>[0-9\-]+))?_(?P<file_id>\d\d_[A-Za-z0-9_]+?)"
     r"(?:[ _-]*\(\d+\)|-\d+)?\.ipynb$"
 )
+
+# Releasing notebook N+1 hands out N's reference answers (its read-only setup_from_* cells): the
+# release says so when N is not yet past its due date in the gradebook (docs/teaching.md).
+c.ExchangeFactory.release_assignment = "autograder.release_guard.GuardedReleaseAssignment"

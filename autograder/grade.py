@@ -3,8 +3,11 @@
     ./course grade                         # every assignment, from coursework/submitted/
     ./course grade 01_attention            # one assignment
     ./course grade --from class.zip        # a zip (nbgrader layout or LMS-style names)
+    ./course grade --from class.zip --lms canvas --roster roster.csv   # a platform's download (``engine.lms``)
+    ./course grade export --lms canvas     # the platform's gradebook import CSV
     ./course grade --workers 4 --cell-timeout 60 --force
     ./course grade --scheduler tcp://10.0.0.5:8786   # on a Dask cluster (``distributed``)
+    ./course grade --watch --interval 10   # grade on submit, from nbgrader's exchange (``engine.watch``)
     course-grade ...                       # the same, installed (pip): from a course folder
     python -m autograder.grade ...         # the same (a course folder: its nbgrader_config.py)
 
@@ -55,16 +58,32 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def course_version() -> str:
+    """The course's version (the grader's package metadata; the site and the course's package agree)."""
+    from importlib.metadata import version
+
+    return version("attention-transformers-grader")
+
+
 def parse_args(argv):
     # named as the instructor called it: ./course grade, or the installed console script
     prog = "course-grade" if Path(sys.argv[0]).name == "course-grade" else "./course grade"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("assignments", nargs="*", help="assignment ids (default: all)")
+    parser.add_argument("--version", action="version", version=f"course-grade {course_version()}")
     parser.add_argument(
         "--from",
         dest="source",
         type=Path,
         help="a folder or a .zip of submissions (default: the course's coursework/submitted)",
+    )
+    parser.add_argument(
+        "--lms",
+        choices=["canvas", "moodle"],
+        help="--from is that learning platform's download of submissions (its own file names)",
+    )
+    parser.add_argument(
+        "--roster", type=Path, help="with --lms: a CSV with the columns lms_id,student_id (the platform's ids)"
     )
     parser.add_argument(
         "--workers", type=int, default=default_workers(), help="parallel workers on this machine (default: cores)"
@@ -101,10 +120,37 @@ def parse_args(argv):
         "(default: refuse at once, naming it)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    watching = parser.add_argument_group("grade on submit (a JupyterHub with nbgrader's exchange)")
+    watching.add_argument(
+        "--watch",
+        action="store_true",
+        help="collect from the exchange, grade what is new and release its feedback, every --interval seconds",
+    )
+    watching.add_argument("--interval", type=float, default=10.0, metavar="SECONDS", help="between passes (default 10)")
+    watching.add_argument(
+        "--feedback",
+        default="diagnosis",
+        choices=["full", "diagnosis", "after-due"],
+        help="what a student gets back before the assignment's due date: the full page with points, "
+        "the diagnosis without points (default), or nothing; after it, the full page",
+    )
+    watching.add_argument("--once", action="store_true", help="with --watch: one pass, then exit (for a timer)")
+    args = parser.parse_args(argv)
+    if (args.lms or args.roster) and not args.source:
+        parser.error("--lms and --roster read a platform's download: give it with --from")
+    if args.roster and not args.lms:
+        parser.error("--roster maps a platform's ids: say which platform with --lms")
+    if args.watch and args.source:
+        parser.error("--watch collects from nbgrader's exchange; --from is for a folder or a zip")
+    if args.watch and args.scheduler:
+        parser.error("--watch grades on this machine")
+    return args
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        return export(argv[1:])
     args = parse_args(argv)
     started = time.monotonic()
     quiet_library_warnings()
@@ -120,6 +166,10 @@ def main(argv=None) -> int:
         check_outputs(args, course)
         require_sandbox(course, sandboxed, address, say)
         limits = grading_limits(args, course)
+        if args.watch:
+            from .engine.watch import watch  # here: the grade command starts without it
+
+            return watch(args, course, limits, sandboxed, address, say)
         runner = choose_runner(args, course, limits, sandboxed, address)
     except Refused as refusal:
         print(f"grade: {refusal}", file=sys.stderr)
@@ -143,6 +193,11 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
 
     trace("configuration read, sandbox probed")
     try:
+        plugin = None
+        if args.lms:
+            from .engine.lms import collector  # here: the grade command starts without it
+
+            plugin = collector(args.lms, course.config, args.roster)
         collection = collect(
             args.source or course.submitted,
             course.notebooks(),
@@ -151,6 +206,7 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
             course.submitted,
             scratch,
             replace=args.replace,
+            plugin=plugin,
         )
     except (ValueError, OSError) as error:
         runner.close()
@@ -204,6 +260,29 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
         if not graded.interrupted:
             runner.join()
             trace("workers gone")
+
+
+def export(argv) -> int:
+    """``course-grade export --lms canvas``: the gradebook's totals as the platform's import CSV."""
+    prog = "course-grade export" if Path(sys.argv[0]).name == "course-grade" else "./course grade export"
+    parser = argparse.ArgumentParser(prog=prog, description=export.__doc__.split(": ", 1)[1])
+    parser.add_argument("--lms", choices=["canvas"], required=True, help="the platform whose import format to write")
+    parser.add_argument("--roster", type=Path, help="a CSV with lms_id,student_id (and name, sis_user_id, ...)")
+    parser.add_argument("--db", help="gradebook URL (default: nbgrader's sqlite)")
+    parser.add_argument("--csv", type=Path, help="where (default: coursework/reports/<lms>-grades.csv)")
+    args = parser.parse_args(argv)
+    from .engine.lms import Roster, canvas_gradebook  # here: the grade command starts without it
+
+    try:
+        course = read_course(argparse.Namespace(db=args.db, assignments=[], source=None))
+        roster = Roster(args.roster)
+        path = args.csv or Path(course.coursedir.root) / "reports" / f"{args.lms}-grades.csv"
+        students = canvas_gradebook(course, roster, path)
+    except (Refused, ValueError, OSError) as error:
+        print(f"grade export: {error}", file=sys.stderr)
+        return 2
+    print(f"{students} student(s) written to {path} (Canvas: Grades, Import)")
+    return 0
 
 
 def quiet_library_warnings() -> None:

@@ -2,7 +2,7 @@
 installed (not editable) into fresh virtual environments.
 
 Used by tests/test_installed_course.py (a learner's notebook 07 and a class graded from a folder
-outside the checkout) and tests/test_jupyterhub_cycle.py (the README's hub guide with real Unix
+outside the checkout) and tests/test_jupyterhub_cycle.py (the site's hub guide, docs/jupyterhub.md, with real Unix
 users). ``environment(base, wheels)`` makes one such environment: the named wheels with
 ``pip install --no-deps``, the distributions of the commands the course runs from the lock with
 ``--no-deps`` (``nbgrader``, which the guide runs, and ``alembic``, which nbgrader runs when it

@@ -1,4 +1,4 @@
-"""A Dask cluster on this machine, started as an instructor starts one (README, "Grading on several
+"""A Dask cluster on this machine, started as an instructor starts one (docs/dask.md, "On several
 machines"): ``./course scheduler`` and ``./course worker`` processes on 127.0.0.1.
 
 Used by the Dask tests (``test_grade_distributed.py``) and the grading benchmark

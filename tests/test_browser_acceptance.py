@@ -13,8 +13,10 @@ browser tests). Then:
   text outside its controls); the undoing input changes it again, which leaves
   the shared notebook as it was.
 
-A screenshot of each widget is saved in test-artifacts/widgets/; the README
-shows some of them (copied to assets/).
+A screenshot of each widget is saved in test-artifacts/widgets/, and one of each widget cell's
+output, as drawn before any input, in test-artifacts/widgets/cells/<assignment>--<cell id>.png:
+the site shows those in place of the live widgets (`./course docs --screenshots` copies them to
+assets/screenshots/widgets/, where the README's pictures are too).
 
 Nothing here knows a topic: a new notebook with widgets is covered as soon as
 it is in solutions/ with its widget cells tagged.
@@ -40,6 +42,12 @@ def widget_cells(assignment: str) -> list[int]:
     return [i for i, cell in enumerate(notebook["cells"]) if "widget" in cell.get("metadata", {}).get("tags", [])]
 
 
+def cell_id(assignment: str, index: int) -> str:
+    """The cell's nbformat id, which the released notebook keeps (the site finds its screenshot by it)."""
+    notebook = json.loads((REPOSITORY / "solutions" / assignment / f"{assignment}.ipynb").read_text())
+    return notebook["cells"][index]["id"]
+
+
 ASSIGNMENTS = assignments()
 WIDGET_CELLS = [(assignment, cell) for assignment in ASSIGNMENTS for cell in widget_cells(assignment)]
 
@@ -60,13 +68,19 @@ def test_widget_renders_and_each_control_visibly_changes_it(ran_solution, assign
     notebook = ran_solution(assignment)
     explorers = notebook.explorers(cell)
     assert explorers, f"cell {cell} is tagged `widget` but shows no course widget (class course-explorer)"
-    failures = []
     for explorer in explorers:
         name = explorer.topic_class
         assert explorer.problem == "", f"{name} waits for a function in the solution notebook: {explorer.problem}"
         explorer.locator.scroll_into_view_if_needed()
         notebook.page.wait_for_function("id => window.__courseProbe.drawn(id)", arg=explorer.id, timeout=30_000)
         explorer.screenshot(SCREENSHOTS / f"{assignment}--{name}.png")
+    output = notebook.cells().nth(cell).locator(".jp-Cell-outputWrapper")
+    output.scroll_into_view_if_needed()
+    (SCREENSHOTS / "cells").mkdir(parents=True, exist_ok=True)
+    output.screenshot(path=SCREENSHOTS / "cells" / f"{assignment}--{cell_id(assignment, cell)}.png")
+    failures = []
+    for explorer in explorers:
+        name = explorer.topic_class
         controls = explorer.controls()
         assert controls, f"{name} has no enabled control in .explorer-controls"
         for control in controls:

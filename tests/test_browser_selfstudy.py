@@ -12,7 +12,7 @@ check stops because of ``softmax``. Correct answers turn to "passes", and Run Al
 again shows the buttons, not the solutions. The same notebook served by a
 JupyterLab whose kernels have no ``solutions/`` (class mode) shows the class-mode
 lines, "not tried" for the stub, and no line of solution code, in the page or in
-the saved notebook. Screenshots land in test-artifacts/selfstudy/ (the README's
+the saved notebook. Screenshots land in test-artifacts/selfstudy/ (docs/self-study.md's
 come from there)."""
 
 import json

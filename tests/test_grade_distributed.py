@@ -1,6 +1,6 @@
 """``./course grade --scheduler``: grading on a real Dask cluster.
 
-The module starts what an instructor starts (README, "Grading on several
+The module starts what an instructor starts (docs/dask.md, "On several
 machines"): ``./course scheduler`` and two ``./course worker`` processes, all
 on 127.0.0.1 (``tests/local_cluster.py``), each worker one process with one thread. Both workers load
 ``tests/dask/saboteur.py``, which kills the worker grading a student named

@@ -7,7 +7,7 @@ with wrong answers) is graded four times, each in its own copy of the course:
 throwaway PostgreSQL server (Debian's, which ``./course test`` installs where it can,
 started here on a unix socket in a temporary folder, as an unprivileged user). Every
 grade must be the same in both databases. The SQLite runs also show the difference
-the README states: stock nbgrader pays the rebinding submission, ``./course grade``
+the grading page (docs/grading.md) states: stock nbgrader pays the rebinding submission, ``./course grade``
 gives it nothing and flags it.
 """
 
@@ -206,7 +206,7 @@ def all_scores(course: Course) -> dict:
 
 
 def test_stock_nbgrader_pays_a_submission_that_rebinds_the_check_helper(stock_sqlite):
-    """The README's warning, reproduced: with check() a no-op, wrong answers get full points."""
+    """The grading page's warning, reproduced: with check() a no-op, wrong answers get full points."""
     assert stock_sqlite.scores(REBINDS["id"], ASSIGNMENT) == stock_sqlite.max_scores(ASSIGNMENT)
     # the same wrong answers without the rebinding get nothing
     assert stock_sqlite.scores("wrong-softmax", ASSIGNMENT)["test_softmax"] == 0.0

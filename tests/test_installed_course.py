@@ -9,7 +9,7 @@ versions, through a path entry). Then, in folders outside the checkout:
   mode): 07 runs top to bottom in a kernel of that venv, with the reference answers written in and
   nothing of nbgrader's grading set, so it trains on the corpus, which comes from the wheel
   (``importlib.resources``), and draws every widget;
-- a course folder as the README's instructor guide makes it (``nbgrader_config.py``,
+- a course folder as the grading page (docs/grading.md) describes it (``nbgrader_config.py``,
   ``solutions/``, ``notebooks/``, copied): ``course-grade`` grades a class of three notebooks,
   the learner's own run of 07 among them, in the sandbox, with the installed packages;
 - anywhere else, ``course-grade`` says in one line that it needs a course folder.
@@ -136,7 +136,7 @@ def test_notebook_07_runs_top_to_bottom_outside_the_checkout(learner_run):
 
 
 def course_folder(root: Path) -> Path:
-    """A course folder outside the checkout, as the README's instructor guide makes one."""
+    """A course folder outside the checkout, as the grading page describes one."""
     root.mkdir()
     shutil.copy2(REPOSITORY / "nbgrader_config.py", root)
     for folder in ("solutions", "notebooks"):

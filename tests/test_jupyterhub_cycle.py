@@ -1,10 +1,11 @@
-"""The README's JupyterHub guide, run as written, with an instructor and two students as separate Unix users.
+"""The site's JupyterHub guide (docs/jupyterhub.md), run as written, with an instructor and two students as
+separate Unix users.
 
-The README's hub section is read here: its shell blocks, each headed by its role (``# admin``,
+The guide is read here: its shell blocks, each headed by its role (``# admin``,
 ``# instructor``, ``# student``), run in order with ``bash -e``, as root for the admin and
 through ``runuser`` as each user otherwise, in their homes (mode 0700, as ``useradd`` makes them
 on Debian), with only the environment's ``bin/`` and the system's on their PATH. What the test
-changes, each a literal substitution that must be in the README: the exchange
+changes, each a literal substitution that must be in the guide: the exchange
 (``/srv/nbgrader/exchange``) and the system-wide configuration (``/etc/jupyter``, here each
 environment's own ``etc/jupyter``) live in a temporary folder, and the clone's URL is a local
 repository made from this checkout's course files. Between fetch and submit each student
@@ -15,6 +16,13 @@ The environments are the guide's two (tests/installed_course.py): the students' 
 wheel alone, the instructor's the grader wheel too; both take their other dependencies from this
 checkout's venv (the locks' versions). The install lines themselves are resolved by pip with a
 dry run against the locks, with a local folder standing in for PyTorch's CPU index.
+
+Then grade on submit (docs/feedback-on-submit.md): the page's watcher runs as the instructor while
+the students submit and poll with ``nbgrader fetch_feedback`` as themselves until their page comes
+(the diagnosis, a fixed resubmission, a broken notebook, the watcher killed while grading and
+started again, a second watcher refused, the due date passing), printing the submit-to-feedback
+times; and a real JupyterHub (PyPI's, with npm's configurable-http-proxy, installed into this
+checkout's venv on first use) runs the page's service snippet, starting the watcher as the instructor.
 
 Needs root (``useradd``, ``runuser``) and a sandbox the instructor can start. The environments are
 made by this Python (the version CI runs; Debian's 3.11.2 is too old for the lock's soupsieve):
@@ -31,10 +39,13 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import nbformat
@@ -55,8 +66,8 @@ CLONE_URL = "https://github.com/attention-transformers/course.git"
 
 
 def hub_section() -> str:
-    readme = (REPOSITORY / "README.md").read_text()
-    return readme.split("\n### On a JupyterHub with nbgrader's exchange\n", 1)[1].split("\n### ", 1)[0]
+    """The guide: its page on the site."""
+    return (REPOSITORY / "docs" / "jupyterhub.md").read_text()
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -73,7 +84,7 @@ def test_the_guide_reads_as_the_cycle():
     roles = [role for role, _ in blocks()]
     assert roles == ["install", "admin", "instructor", "instructor", "student", "student", "instructor", "student"]
     for text in (EXCHANGE, SYSTEM_CONFIG, CLONE_URL, CPU_INDEX):
-        assert text in hub_section(), f"the README's hub guide no longer says {text} (the test replaces it)"
+        assert text in hub_section(), f"the hub guide no longer says {text} (the test replaces it)"
 
 
 # ---------------------------------------------------------------- the install lines, resolved
@@ -98,7 +109,7 @@ def test_the_install_lines_take_pytorchs_cpu_build_and_the_locks_versions(image,
     (a dry run, no configuration files, so only PyPI and that folder are asked): torch is the CPU
     build, no NVIDIA library comes, the course's distributions come from the clone, and every other
     package at the lock's version."""
-    from test_environment import locked_versions, pins
+    from test_environment import course_version, locked_versions, pins
     from test_grader_package import lock_as_constraints
 
     wheel = local_cpu_torch()
@@ -138,9 +149,9 @@ def test_the_install_lines_take_pytorchs_cpu_build_and_the_locks_versions(image,
         for item in json.loads(report.read_text())["install"]
     }
     assert resolved.pop("torch") == f"{pins('student')['torch']}+cpu"
-    assert resolved.pop(COURSE) == "0.1.0"
+    assert resolved.pop(COURSE) == course_version()
     if image == "instructor":
-        assert resolved.pop(GRADER) == "0.1.0"
+        assert resolved.pop(GRADER) == course_version()
     assert not [name for name in resolved if re.match(r"nvidia-|cuda-|triton$", name)]
     assert resolved == {name.replace("_", "-"): version for name, version in locked_versions(set_name).items()}
 
@@ -359,3 +370,313 @@ def test_nbgrader_generate_feedback_after_manual_grading_rebuilds_the_pages(hub)
             hub["envs"]["instructor"] / "bin")  # fmt: skip
     text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
     assert "BEGIN HIDDEN TESTS" not in text and "dot_scores" in text
+
+
+# ---------------------------------------------------------------- grade on submit (docs/feedback-on-submit.md)
+
+WATCH_PAGE = REPOSITORY / "docs" / "feedback-on-submit.md"
+SWAPPED = "def dot_scores(q, k):\n    return k @ q.transpose(-2, -1)\n"  # a mistake the catalogue names
+DIAGNOSIS = "CheckFailed: `dot_scores`: the table is transposed: keys against queries."
+
+
+def page_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", WATCH_PAGE.read_text(), flags=re.DOTALL)
+
+
+def watcher_block() -> str:
+    [block] = [b for b in page_blocks("bash") if b.startswith("# instructor: in the course folder")]
+    return block
+
+
+def spawn_as_user(user: str, script: str, env_bin: Path, log: Path) -> subprocess.Popen:
+    """``script`` in bash as ``user`` in the background, in a process group of its own (so that a
+    kill reaches the watcher and every process it started), its output into ``log``."""
+    home = Path(pwd.getpwnam(user).pw_dir)
+    environment = [f"PATH={env_bin}:/usr/local/bin:/usr/bin:/bin", f"HOME={home}", f"USER={user}", f"LOGNAME={user}",
+                   "LANG=C.UTF-8"]  # fmt: skip
+    with open(log, "ab") as sink:
+        return subprocess.Popen(
+            ["runuser", "-u", user, "--", "env", "-i", *environment, "bash", "-e", "-c", script],
+            cwd=home, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=60)
+
+
+class Student:
+    """A student of the hub: answers in their copy of the notebook, submits and fetches feedback as
+    themselves, through nbgrader's commands."""
+
+    def __init__(self, hub, role: str):
+        self.hub, self.role, self.user = hub, role, USERS[role]
+        self.home = hub["homes"][role]
+        self.bin = hub["envs"]["students"] / "bin"
+
+    def submit(self, answers: dict | None = None, text: str | None = None) -> float:
+        """Write the notebook (reference answers with ``answers``, or ``text`` as it is), submit it;
+        the time the submission is in the exchange."""
+        path = self.home / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        if text is None:
+            notebook = nbformat.read(REPOSITORY / "notebooks" / ASSIGNMENT / f"{ASSIGNMENT}.ipynb", as_version=4)
+            chosen = {**reference_answers(ASSIGNMENT), **(answers or {})}
+            for grade_id, cell in answer_cells(notebook).items():
+                cell.source = chosen[grade_id]
+            nbformat.write(notebook, path)
+        else:
+            path.write_text(text)
+        shutil.chown(path, self.user, self.user)
+        as_user(self.user, f"nbgrader submit {ASSIGNMENT}", self.bin)
+        return time.monotonic()
+
+    def pages(self) -> dict:
+        return {p.parent.name: p for p in (self.home / ASSIGNMENT / "feedback").glob(f"*/{ASSIGNMENT}.html")}
+
+    def wait_for_page(self, before: dict, submitted: float, timeout: float = 180) -> tuple[str, float]:
+        """``nbgrader fetch_feedback`` as the student until a page for a submission not in ``before``
+        arrives; (its text, seconds from ``submitted``)."""
+        return self._wait(lambda pages: [p for stamp, p in pages.items() if stamp not in before], submitted, timeout)
+
+    def wait_for_new_version(self, before: dict, since: float, timeout: float = 180) -> tuple[str, float]:
+        """The same, until the page of the latest submission differs from its version in ``before``."""
+
+        def changed(pages):
+            latest = max(pages)
+            return [pages[latest]] if pages[latest].read_text(encoding="utf-8") != before.get(latest) else []
+
+        return self._wait(changed, since, timeout)
+
+    def _wait(self, new_pages, since: float, timeout: float) -> tuple[str, float]:
+        while time.monotonic() - since < timeout:
+            as_user(self.user, f"nbgrader fetch_feedback {ASSIGNMENT}", self.bin, check=False)
+            found = new_pages(self.pages())
+            if found:
+                text = found[0].read_text(encoding="utf-8")
+                return html.unescape(re.sub(r"<[^>]+>", "", text)), time.monotonic() - since
+            time.sleep(1)
+        raise AssertionError(f"no new feedback for {self.user} within {timeout} s")
+
+    def texts(self) -> dict:
+        return {stamp: page.read_text(encoding="utf-8") for stamp, page in self.pages().items()}
+
+
+def watcher_script(*extra: str) -> str:
+    return watcher_block().replace("course-grade --watch", " ".join(["course-grade --watch", *extra]))
+
+
+@pytest.fixture(scope="module")
+def watched(hub):
+    """The guide's watcher, started as the instructor, through a class's submissions (see the tests)."""
+    base, instructor = hub["base"], USERS["instructor"]
+    log = base / "watcher.log"
+    grading_bin = hub["envs"]["instructor"] / "bin"
+    course = hub["homes"]["instructor"] / "course"
+    alice, bob = Student(hub, "alice"), Student(hub, "bob")
+    # the instructor gives the assignment a due date far ahead: the default setting hands back the diagnosis
+    set_due_date(hub, "2099-01-01 00:00:00 UTC")
+    watcher = spawn_as_user(instructor, watcher_script(), grading_bin, log)
+    found: dict = {"times": [], "course": course, "log": log}
+    try:
+        # alice submits a notebook with a mistake the catalogue names
+        before = alice.texts()
+        text, seconds = alice.wait_for_page(before, alice.submit({"dot_scores": SWAPPED}))
+        found["times"].append(seconds)
+        found["alice diagnosis"] = text
+        # a second watcher refuses, naming the first
+        found["second"] = as_user(instructor, watcher_script(), grading_bin, check=False)
+        # bob resubmits a fixed notebook
+        before = bob.texts()
+        found["bob first"] = fetched_feedback(bob.home)
+        text, seconds = bob.wait_for_page(before, bob.submit())
+        found["times"].append(seconds)
+        found["bob fixed"] = text
+        # a broken notebook gets its page
+        before = alice.texts()
+        text, seconds = alice.wait_for_page(before, alice.submit(text='{"cells": [ this is not JSON'))
+        found["times"].append(seconds)
+        found["alice broken"] = text
+        # the watcher is killed while it grades bob's next submission, then started again
+        before = bob.texts()
+        submitted = bob.submit({"dot_scores": SWAPPED})
+        found["bob submitted"] = time.time()
+        stamp = course / "coursework" / "submitted" / USERS["bob"] / ASSIGNMENT / "timestamp.txt"
+        old = stamp.read_text()
+        while stamp.read_text() == old and time.monotonic() - submitted < 120:
+            time.sleep(0.2)
+        time.sleep(1.0)  # collected: now grading
+        kill_group(watcher)
+        found["graded when killed"] = ledger_graded_at(course, USERS["bob"])
+        watcher = spawn_as_user(instructor, watcher_script(), grading_bin, log)
+        text, _ = bob.wait_for_page(before, submitted)
+        found["bob after restart"] = text
+        # the due date passes: every student gets the full page, with points, at the next pass
+        before = bob.texts()
+        set_due_date(hub, "2000-01-01 00:00:00 UTC")
+        found["bob after due"], _ = bob.wait_for_new_version(before, time.monotonic())
+    finally:
+        kill_group(watcher)
+        print(log.read_text(errors="replace")[-6000:])
+    times = sorted(found["times"])
+    print(f"submit to feedback (s), as the students saw it: {', '.join(f'{t:.1f}' for t in found['times'])}; "
+          f"median {statistics.median(times):.1f} s (load {os.getloadavg()[0]:.1f})")  # fmt: skip
+    yield found
+
+
+def set_due_date(hub, when: str) -> None:
+    """nbgrader's own command, as the instructor: the assignment's due date in the gradebook."""
+    command = f'cd ~/course && nbgrader db assignment add {ASSIGNMENT} --duedate="{when}"'
+    as_user(USERS["instructor"], command, hub["envs"]["instructor"] / "bin")
+
+
+def ledger_graded_at(course: Path, student: str) -> float | None:
+    import sqlite3
+
+    db = sqlite3.connect(course / "coursework" / ".work" / "grading.sqlite")
+    try:
+        row = db.execute("SELECT graded_at FROM graded WHERE student = ?", (student,)).fetchone()
+        return row[0] if row else None
+    finally:
+        db.close()
+
+
+def test_a_submission_gets_its_diagnosis_without_points_within_a_minute(watched):
+    assert DIAGNOSIS in watched["alice diagnosis"], watched["alice diagnosis"][-3000:]
+    assert "Score:" not in watched["alice diagnosis"]
+    assert "points after the due date, 2099-01-01 00:00 UTC" in watched["alice diagnosis"]
+    assert "BEGIN HIDDEN TESTS" not in watched["alice diagnosis"]
+    assert statistics.median(watched["times"]) < 60
+
+
+def test_a_fixed_resubmission_gets_a_new_page_and_replaces_the_grade(watched):
+    assert "CheckFailed" not in watched["bob fixed"] and "dot_scores: the visible checks pass." in watched["bob fixed"]
+    assert re.search(r"Score:\s*0(\.0)?\s*/\s*2", watched["bob first"])  # his graded first submission
+    assert "Score:" not in watched["bob fixed"]  # the diagnosis: no points before the due date
+
+
+def test_a_broken_notebook_gets_its_page(watched):
+    assert "This submission could not be graded" in watched["alice broken"], watched["alice broken"][-2000:]
+
+
+def test_a_second_watcher_refuses_naming_the_first(watched):
+    result = watched["second"]
+    assert result.returncode == 2
+    assert "another watcher is working on this course (process" in result.stderr
+
+
+def test_a_watcher_killed_while_grading_loses_nothing(watched):
+    assert watched["graded when killed"] < watched["bob submitted"]  # killed before his submission was committed
+    assert DIAGNOSIS in watched["bob after restart"]
+
+
+def test_after_the_due_date_everyone_gets_the_full_page_with_points(watched):
+    points = released()["test_dot_scores"]
+    assert re.search(rf"Score:\s*0(\.0)?\s*/\s*{points}", watched["bob after due"]), watched["bob after due"][:2000]
+    assert DIAGNOSIS in watched["bob after due"]
+
+
+# ---------------------------------------------------------------- a real JupyterHub, the watcher its managed service
+
+PROXY_VERSION = "5.3.0"  # configurable-http-proxy, from npm
+
+
+def configurable_http_proxy() -> Path:
+    """npm's configurable-http-proxy, installed once into this checkout's venv (``node/``)."""
+    folder = Path(sys.prefix) / "node"
+    command = folder / "node_modules" / ".bin" / "configurable-http-proxy"
+    if command.exists():
+        return command
+    if not shutil.which("npm"):
+        pytest.skip("no npm here to install configurable-http-proxy (JupyterHub's proxy)")
+    package = f"configurable-http-proxy@{PROXY_VERSION}"
+    result = subprocess.run(
+        ["npm", "install", "--prefix", str(folder), "--no-audit", "--no-fund", package],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if result.returncode != 0:
+        pytest.skip(f"npm could not install configurable-http-proxy: {result.stderr[-500:]}")
+    return command
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def service_snippet(hub) -> str:
+    """The guide's service configuration, with this test's paths and instructor."""
+    [snippet] = [block for block in page_blocks("python") if "c.JupyterHub.services" in block]
+    for old in ("/opt/grading/bin/course-grade", "/home/teacher/course", '"teacher"'):
+        assert old in snippet, f"the guide's service snippet no longer says {old} (the test replaces it)"
+    return (
+        snippet.replace("/opt/grading/bin/course-grade", str(hub["envs"]["instructor"] / "bin" / "course-grade"))
+        .replace("/home/teacher/course", str(hub["homes"]["instructor"] / "course"))
+        .replace('"teacher"', f'"{USERS["instructor"]}"')
+    )
+
+
+def test_a_real_jupyterhub_starts_the_watcher_as_the_instructor_and_it_hands_back_feedback(hub):
+    """JupyterHub (PyPI) with configurable-http-proxy (npm), bound to 127.0.0.1, its configuration the
+    guide's service snippet: the hub starts the watcher as the instructor's Unix user, and a
+    submission that arrives in the exchange comes back to the student as feedback."""
+    proxy = configurable_http_proxy()
+    run_dir = hub["base"] / "jupyterhub"
+    run_dir.mkdir()
+    ports = [free_port() for _ in range(3)]
+    (run_dir / "jupyterhub_config.py").write_text(
+        "c = get_config()  # noqa\n"
+        + service_snippet(hub)
+        + textwrap.dedent(f"""
+            # the test's own: everything on 127.0.0.1, the hub's files in this folder
+            c.JupyterHub.bind_url = "http://127.0.0.1:{ports[0]}"
+            c.JupyterHub.hub_bind_url = "http://127.0.0.1:{ports[1]}"
+            c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{ports[2]}"
+            c.ConfigurableHTTPProxy.command = [{str(proxy)!r}]
+            c.JupyterHub.db_url = "sqlite:///{run_dir / "jupyterhub.sqlite"}"
+            c.JupyterHub.cookie_secret_file = {str(run_dir / "cookie_secret")!r}
+            """)
+    )
+    log = run_dir / "hub.log"
+    with open(log, "wb") as sink:
+        jupyterhub = subprocess.Popen(
+            [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(run_dir / "jupyterhub_config.py")],
+            cwd=run_dir, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    course = hub["homes"]["instructor"] / "course"
+    lock = course / "coursework" / ".work" / "watch.lock"
+    try:
+        watcher = None  # the process holding the course's watcher lock (it writes its pid there)
+        deadline = time.monotonic() + 180
+        while watcher is None and time.monotonic() < deadline:
+            assert jupyterhub.poll() is None, log.read_text(errors="replace")[-4000:]
+            try:
+                holder = json.loads(lock.read_text()) if lock.is_file() else {}
+            except ValueError:  # being rewritten
+                holder = {}
+            process = Path(f"/proc/{holder.get('pid', 0)}")
+            if holder and process.is_dir() and b"--watch" in (process / "cmdline").read_bytes():
+                watcher = process
+            time.sleep(0.5)
+        assert watcher is not None, log.read_text(errors="replace")[-4000:]
+        assert watcher.stat().st_uid == pwd.getpwnam(USERS["instructor"]).pw_uid  # the hub started it as the instructor
+        assert b"course-grade" in (watcher / "cmdline").read_bytes()
+        alice = Student(hub, "alice")
+        before = alice.texts()
+        text, seconds = alice.wait_for_page(before, alice.submit({"dot_scores": SWAPPED}))
+        print(f"under JupyterHub: submit to feedback {seconds:.1f} s")
+        assert DIAGNOSIS in text
+        assert "Starting service 'course-grade'" in log.read_text(errors="replace")
+    finally:
+        jupyterhub.send_signal(signal.SIGTERM)
+        try:
+            jupyterhub.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_group(jupyterhub)
+        print(log.read_text(errors="replace")[-3000:])

@@ -161,18 +161,25 @@ def _collector(config):
 
 
 def from_flat(
-    files: list[Path], notebooks: dict[str, list[str]], wanted: set[str] | None, config, submitted: Path, replace: bool
+    files: list[Path],
+    notebooks: dict[str, list[str]],
+    wanted: set[str] | None,
+    config,
+    submitted: Path,
+    replace: bool,
+    plugin=None,
 ) -> Collection:
-    """LMS-style names, filed into ``submitted/<student>/<assignment>/`` (nbgrader's layout)."""
+    """LMS-style names, filed into ``submitted/<student>/<assignment>/`` (nbgrader's layout); ``plugin``:
+    a platform's collector (``lms``) instead of the configured ``FileNameCollectorPlugin``."""
     found = Collection()
-    plugin = _collector(config)
+    plugin = plugin or _collector(config)
     owner = {nb: a for a, names in notebooks.items() for nb in names}
     if not plugin.named_regexp:
         found.messages.append("flat file names need FileNameCollectorPlugin.named_regexp in nbgrader_config.py")
         return found
     chosen: dict[tuple[str, str], tuple[Path, str | None]] = {}
     for path in files:
-        info = plugin.collect(path.name)
+        info = plugin.collect(str(path) if getattr(plugin, "whole_path", False) else path.name)
         if not info:
             if path.suffix == ".ipynb":
                 found.messages.append(
@@ -395,8 +402,10 @@ def collect(
     submitted: Path,
     scratch: Path,
     replace: bool = False,
+    plugin=None,
 ) -> Collection:
-    """The submissions in ``source`` (a folder or a zip) for the ``wanted`` assignments (None: all)."""
+    """The submissions in ``source`` (a folder or a zip) for the ``wanted`` assignments (None: all);
+    ``plugin``: a platform's collector for flat names (``lms``)."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"{source} does not exist")
@@ -405,20 +414,20 @@ def collect(
         if source.suffix.lower() != ".zip":
             raise ValueError(f"{source} is neither a folder nor a .zip file")
         source, messages = unzip(source, scratch)
-        tree = _looks_like_tree(source, notebooks)
+        tree = None if plugin else _looks_like_tree(source, notebooks)
         if tree is not None:
             found = from_tree(tree, notebooks, wanted)
             found = _file_tree(found, submitted, replace)
             found.messages = summarized(messages + found.messages)
             return found
     else:
-        tree = _looks_like_tree(source, notebooks)
+        tree = None if plugin else _looks_like_tree(source, notebooks)
         if tree is not None:
             found = from_tree(tree, notebooks, wanted)
             found.messages = summarized(messages + found.messages)
             return found
     files = sorted(p for p in source.rglob("*") if p.is_file() and not set(p.relative_to(source).parts) & IGNORED_PARTS)
-    found = from_flat(files, notebooks, wanted, config, submitted, replace)
+    found = from_flat(files, notebooks, wanted, config, submitted, replace, plugin)
     found.messages = summarized(messages + found.messages)
     return found
 

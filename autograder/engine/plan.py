@@ -27,7 +27,7 @@ def read_course(args) -> CourseFolder:
     if not (root / "nbgrader_config.py").is_file():
         raise Refused(
             f"{root} is not a course folder (no nbgrader_config.py): run the command in one, such as a "
-            "clone of the course (see the README: Grade a class)"
+            "clone of the course (see the course site: Grading a class, docs/grading.md)"
         )
     try:
         course = CourseFolder(root, args.db)
@@ -43,7 +43,7 @@ def read_course(args) -> CourseFolder:
     if unknown:
         raise Refused(f"unknown assignment(s) {', '.join(unknown)}; known: {', '.join(known)}")
     source = args.source or course.submitted
-    if not source.exists():
+    if not source.exists() and not getattr(args, "watch", False):  # a watcher collects into it
         raise Refused(f"{source} does not exist: nothing to grade")
     return course
 

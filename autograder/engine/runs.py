@@ -35,8 +35,11 @@ class Busy(Exception):
 
 
 class RunLock:
-    def __init__(self, work: Path):
-        self.path = Path(work) / "run.lock"
+    """``run.lock``: one grading run at a time; ``watch.lock`` (``what="watcher"``): one watcher."""
+
+    def __init__(self, work: Path, name: str = "run.lock", what: str = "grading run"):
+        self.path = Path(work) / name
+        self.what = what
         self.handle = None
 
     def acquire(self, wait: float = 0.0) -> None:
@@ -54,7 +57,7 @@ class RunLock:
                     holder = _describe(handle.read())
                     handle.close()
                     raise Busy(
-                        f"another grading run is working on this course ({holder}); wait for it to "
+                        f"another {self.what} is working on this course ({holder}); wait for it to "
                         "finish, then run the command again"
                     ) from None
                 time.sleep(0.5)

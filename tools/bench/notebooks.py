@@ -4,7 +4,7 @@
 
 Run time is the median over N runs of executing all cells (kernel start
 excluded); peak memory is the kernel's high-water mark of resident memory.
-Both are printed, never asserted: figures for the README and issue notes.
+Both are printed, never asserted: figures for the site (docs/figures.md) and issue notes.
 """
 
 import argparse
