@@ -525,24 +525,20 @@ class KVCache:
             "RollingKVCache": """
 class RollingKVCache:
     def __init__(self, window):
-        self.window = window
-        self.keys, self.values, self.count = {}, {}, {}
+        self.size, self.keys, self.values, self.count = window, {}, {}, {}
 
     def update(self, layer, k, v):
-        W = self.window
-        if layer not in self.keys:
-            self.keys[layer] = torch.zeros(*k.shape[:2], W, k.shape[3], dtype=k.dtype)
-            self.values[layer] = torch.zeros(*v.shape[:2], W, v.shape[3], dtype=v.dtype)
-            self.count[layer] = 0
-        for j in range(k.shape[2]):
-            slot = (self.count[layer] + j) % W
-            self.keys[layer][:, :, slot] = k[:, :, j]
-            self.values[layer][:, :, slot] = v[:, :, j]
-        self.count[layer] += k.shape[2]
-        n = self.count[layer]
-        if n <= W:
+        B, G, T, D = k.shape
+        self.keys.setdefault(layer, torch.zeros(B, G, self.size, D, dtype=k.dtype))
+        self.values.setdefault(layer, torch.zeros(B, G, self.size, D, dtype=v.dtype))
+        n = self.count.get(layer, 0)
+        for j in range(T):
+            self.keys[layer][:, :, (n + j) % self.size] = k[:, :, j]
+            self.values[layer][:, :, (n + j) % self.size] = v[:, :, j]
+        n = self.count[layer] = n + T
+        if n <= self.size:
             return self.keys[layer][:, :, :n], self.values[layer][:, :, :n]
-        oldest = n % W
+        oldest = n % self.size
         return torch.roll(self.keys[layer], -oldest, dims=2), torch.roll(self.values[layer], -oldest, dims=2)
 
     @property
