@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from grading_suite import GradingSuite
+from test_grading_08_kv_cache import ROLLING_SHIFTED
 from visible_checks import assignments, check_cells, reference_answers, run_visible
 
 ASSIGNMENTS = assignments()
@@ -300,6 +301,14 @@ WRONG = {
     ("05_grouped_query_attention", "kv_cache_bytes"): {
         "LLaMA-2-7B": [edit("keys only", ("return 2 * n_layers", "return n_layers"))],
         "LLaMA-3-8B": [edit("batch ignored", (" * batch_size", ""))],
+    },
+    ("05_grouped_query_attention", "mla_cache_bytes"): {
+        "DeepSeek-V2": [
+            edit("a key and a value, as in kv_cache_bytes", ("return n_layers *", "return 2 * n_layers *")),
+            edit("the RoPE key left out", ("(latent_dim + rope_dim)", "latent_dim")),
+        ],
+        "tokens": [edit("seq_len ignored", (" * seq_len * batch_size", " * batch_size"))],
+        "batch and precision": [edit("batch ignored", (" * batch_size *", " *"))],
     },
     ("06_transformer_block", "RMSNorm"): {
         "weight": [
@@ -798,6 +807,42 @@ def blockwise_attention(q, k, v, block_size, causal=False):
             edit(
                 "the future tiles computed and masked away",
                 ("                break ", "                pass "),
+            )
+        ],
+    },
+    ("08_kv_cache", "RollingKVCache"): {
+        "slots": [
+            edit(
+                "the window returned in slot order",
+                ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(min(end, W))"),
+            ),
+            whole("the window kept oldest first by shifting", ROLLING_SHIFTED),
+            edit(
+                "length stops at the window",
+                (
+                    "return next(iter(self.written.values()), 0)",
+                    "return min(next(iter(self.written.values()), 0), self.window)",
+                ),
+            ),
+        ],
+        "a long prompt": [
+            edit(
+                "only the first position of each update written",
+                ("slots = torch.arange(first, end) % W", "slots = torch.tensor([start % W])"),
+                (
+                    "self.keys[layer][:, :, slots] = k[:, :, first - start:]",
+                    "self.keys[layer][:, :, slots] = k[:, :, :1]",
+                ),
+                (
+                    "self.values[layer][:, :, slots] = v[:, :, first - start:]",
+                    "self.values[layer][:, :, slots] = v[:, :, :1]",
+                ),
+            )
+        ],
+        "against the recomputed window": [
+            edit(
+                "unwritten slots returned before the window fills",
+                ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(end - W, end) % W"),
             )
         ],
     },
