@@ -33,21 +33,8 @@ import time
 import warnings
 from pathlib import Path
 
-from .engine.collect import collect, printable_lines
-from .engine.plan import (
-    check_outputs,
-    choose_runner,
-    grading_limits,
-    hold_course,
-    output_paths,
-    plan_jobs,
-    read_course,
-    require_sandbox,
-    scheduler_address,
-)
-from .engine.runs import trace
-from .engine.writer import Graded, grade_and_commit, record_run
-from .records import Refused
+# The command line is parsed before the engine is imported (nbgrader, Dask: seconds of imports),
+# so that --help and a mistyped option answer at once.
 from .sandboxing.bubblewrap import Limits
 
 
@@ -152,6 +139,18 @@ def main(argv=None) -> int:
     if argv[:1] == ["export"]:
         return export(argv[1:])
     args = parse_args(argv)
+    from .engine.collect import printable_lines
+    from .engine.plan import (
+        check_outputs,
+        choose_runner,
+        grading_limits,
+        hold_course,
+        read_course,
+        require_sandbox,
+        scheduler_address,
+    )
+    from .records import Refused
+
     started = time.monotonic()
     quiet_library_warnings()
     # nbgrader runs tools such as alembic by name: this interpreter's scripts come first.
@@ -189,8 +188,11 @@ def main(argv=None) -> int:
 
 
 def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) -> int:
+    from .engine.collect import collect, printable_lines
+    from .engine.plan import output_paths, plan_jobs
     from .engine.report import export_csv, summary, write_report  # matplotlib: imported as the run ends
-    from .engine.writer import Ledger  # here: the grade command starts without it
+    from .engine.runs import trace
+    from .engine.writer import Graded, Ledger, grade_and_commit, record_run
 
     trace("configuration read, sandbox probed")
     try:
@@ -275,6 +277,8 @@ def export(argv) -> int:
     parser.add_argument("--csv", type=Path, help="where (default: coursework/reports/<lms>-grades.csv)")
     args = parser.parse_args(argv)
     from .engine.lms import Roster, canvas_gradebook  # here: the grade command starts without it
+    from .engine.plan import read_course
+    from .records import Refused
 
     try:
         course = read_course(argparse.Namespace(db=args.db, assignments=[], source=None))

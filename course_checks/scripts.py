@@ -9,7 +9,9 @@ the grader: under ``./course grade`` a substitute answered outside (``proxies``)
 
 - notebook 02: ``FutureChangeCase`` (do earlier outputs move when later tokens change?);
 - notebook 07: ``ConfigCase``, ``SamplingCase`` (with the stand-in ``Bigram`` model), ``LoadCase``;
-- notebook 08: ``CacheScript``, ``AttendScript``, ``ForwardScript``, ``LimitCase``.
+- notebook 08: ``CacheScript`` (``KVCache`` and ``RollingKVCache``), ``AttendScript``, ``ForwardScript``,
+  ``LimitCase``;
+- notebook 09: ``MergeCase`` (one call whose three results are named).
 """
 
 from __future__ import annotations
@@ -151,28 +153,44 @@ def _span(first, last) -> str:
     return f"position {first}" if first == last else f"positions {first} to {last}"
 
 
+def _snapshot(returned) -> list:
+    """What a cache returned, as it is now: a view of a buffer that later updates overwrite (a rolling
+    buffer's slots) is right when it is returned, and is judged as it was then."""
+    return [t.clone() if isinstance(t, torch.Tensor) else t for t in returned]
+
+
 @dataclass
 class CacheScript(Case):
-    """Drive a fresh cache: ("update", layer, k, v) returns (k, v); ("length",) reads cache.length.
+    """Drive a fresh cache ``cls(*init_args)``: ("update", layer, k, v) returns (k, v); ("length",) reads
+    cache.length; ("buffers", layer) reads the layer's storage, ``cache.keys[layer]`` and
+    ``cache.values[layer]`` (the rolling buffer's slots, whose layout is part of its contract).
 
     A first cache is made and filled before the one the script uses, so a cache
     whose storage is shared between instances (a class-level dict) shows.
     """
 
     steps: tuple = ()
+    init_args: tuple = ()
 
     def run(self, cls):
-        decoy = cls()
+        decoy = cls(*self.init_args)
         decoy.update(0, torch.full((1, 1, 3, 2), 9.0), torch.full((1, 1, 3, 2), 9.0))
-        cache = cls()
+        cache = cls(*self.init_args)
         results = []
         for step in self.steps:
             if step[0] == "length":
                 length = cache.length
                 results.append(int(length) if isinstance(length, (int, float)) else length)
+            elif step[0] == "buffers":
+                keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+                if not (isinstance(keys, dict) and isinstance(values, dict)):
+                    raise AttributeError(
+                        "the buffers must be kept in `keys` and `values`, dicts from layer to (B, G, window, Dh)"
+                    )
+                results.extend(_snapshot((keys[step[1]], values[step[1]])))
             else:
                 _, layer, k, v = step
-                results.extend(cache.update(layer, k.clone(), v.clone()))
+                results.extend(_snapshot(cache.update(layer, k.clone(), v.clone())))
         return tuple(results)
 
     @property
@@ -182,6 +200,8 @@ class CacheScript(Case):
         for step in self.steps:
             if step[0] == "length":
                 names.append(f"`length` after {calls} update calls" if calls else "`length` of the new cache")
+            elif step[0] == "buffers":
+                names += [f"`{kind}[{step[1]}]` (its slots) after {calls} update calls" for kind in ("keys", "values")]
             else:
                 calls += 1
                 positions = step[2].shape[2]
@@ -257,3 +277,14 @@ class LimitCase(Case):
         except ValueError:
             return True
         return False
+
+
+# ---------------------------------------------------------------- notebook 09
+
+
+@dataclass
+class MergeCase(Case):
+    """One call of a function that returns a partial softmax result (m, l, o): a plain call, whose
+    three items a message names by what they are."""
+
+    item_names: tuple = ("the running max m", "the running sum ℓ", "the partial output o")

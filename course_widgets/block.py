@@ -207,7 +207,6 @@ class ResidualStreamExplorer(Explorer):
             axes.set_xlim(0, max_layers)
         self.size_axes.set_title("size of the stream: RMS of x")
         self.size_axes.set_ylim(0, 8)
-        self.size_axes.legend(loc="upper left")
         self.input_axes.set_title("input still in the stream: cos(x, x₀)")
         self.input_axes.set_ylim(-0.2, 1.05)
         self.input_axes.axhline(0.0, color="0.8", linewidth=0.8)
@@ -227,12 +226,38 @@ class ResidualStreamExplorer(Explorer):
         )
         self.loss_label.set_in_layout(False)  # near the right edge it may overhang: no reason to shrink the axes
         self.gradient_axes.set_xlabel("layer")
-        self.gradient_axes.legend(loc="upper right")
+        # The legends carry the numbers at the markers (at the chosen depth, or at the input for the
+        # gradient): text artists, redrawn with the data, so a new number costs no full draw.
+        self.legend_texts = {
+            (axes, style): self._legend_entry(axes, row, style, corner)
+            for axes, styles, corner in (
+                (self.size_axes, self.STYLES[:2], "left"),
+                (self.input_axes, self.STYLES[:2], "right"),
+                (self.gradient_axes, self.STYLES, "right"),
+            )
+            for row, style in enumerate(styles)
+        }
         self._blocks = None  # (the learner's class, its blocks, their base output weights)
         self._trajectories = {}  # gain -> {style: (rms list, cos list)}
         self._gradients = {}  # (gain, layers) -> {style: gradient sizes after 0 .. layers layers}
         self._streams = None  # (gain, {style: the stream after each layer, in autograd's graph})
         self.refresh()
+
+    def _legend_entry(self, axes, row: int, style: str, corner: str):
+        """One line of a panel's legend, in its style's colour: the label and, after an update, the value."""
+        text = axes.text(
+            0.02 if corner == "left" else 0.98,
+            0.97 - 0.1 * row,
+            f"━ {style}",
+            transform=axes.transAxes,
+            ha=corner,
+            va="top",
+            fontsize=8.5,
+            color=self.COLORS[style],
+            bbox=dict(boxstyle="square,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85),
+        )
+        text.set_in_layout(False)
+        return text
 
     # -- the computation, with the learner's blocks
     def blocks(self):
@@ -377,6 +402,11 @@ class ResidualStreamExplorer(Explorer):
         self.gradient_axes.set_ylim(
             10.0 ** math.floor(math.log10(low) - 0.3), 10.0 ** math.ceil(math.log10(high) + 0.3)
         )
+        for style, (rms, cos) in found.items():
+            self.legend_texts[self.size_axes, style].set_text(f"━ {style}: RMS {rms[depth]:.2f}")
+            self.legend_texts[self.input_axes, style].set_text(f"━ {style}: cos {cos[depth]:.2f}")
+        for style, sizes in gradients.items():
+            self.legend_texts[self.gradient_axes, style].set_text(f"━ {style}: {_times(sizes[0])} at the input")
         (pre_rms, pre_cos), (post_rms, post_cos) = found["pre-norm"], found["post-norm"]
         self.stats.value = (
             f"after {depth} layer{'s' if depth > 1 else ''} (sub-layer × {gain:.2f}): "

@@ -1,8 +1,9 @@
-"""The widgets' one door to matplotlib's and ipympl's private parts, and the versions it was written for.
+"""The widgets' one door to matplotlib's, ipympl's and torch's private parts, and the versions it was written for.
 
 The fast redraw (``base.Explorer``) needs to know every text an axes can draw and the tick
-labels it would draw now, and the ipympl canvas needs its own way of sending a frame drawn before the page is ready:
-none of which has a public API. ``tests/test_compat.py`` fails, naming the package, as soon
+labels it would draw now, the ipympl canvas needs its own way of sending a frame drawn before the page is
+ready, and notebook 09's memory count needs to see every tensor an operation creates (torch's dispatch
+modes): none of which has a public API. ``tests/test_compat.py`` fails, naming the package, as soon
 as an installed version differs from ``WRITTEN_FOR``.
 """
 
@@ -15,9 +16,14 @@ import types
 
 import numpy as np
 import PIL.Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # package -> the version whose private parts this module was written against
-WRITTEN_FOR = {"matplotlib": "3.11.2", "ipympl": "0.10.0"}
+WRITTEN_FOR = {"matplotlib": "3.11.2", "ipympl": "0.10.0", "torch": "2.13.0"}
+
+# The base class of a mode that sees every ATen operation with its results (torch's own FLOP
+# counter, torch.utils.flop_counter, is one): ``__torch_dispatch__(func, types, args, kwargs)``.
+TensorDispatchMode = TorchDispatchMode
 
 
 def axes_titles(axes) -> tuple:

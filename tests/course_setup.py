@@ -8,9 +8,9 @@ them, so a change to what ./course stamps cannot turn them into silent skips.
 
 from __future__ import annotations
 
-import hashlib
+import importlib.machinery
+import importlib.util
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -19,28 +19,31 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 COURSE_SCRIPT = REPOSITORY / "course"
 
 
+def entry_point(script: Path = COURSE_SCRIPT):
+    """The course script (a Python file without the .py) as a module: its functions, not run."""
+    loader = importlib.machinery.SourceFileLoader("course_entry_point", str(script))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    return module
+
+
 def stamped_files() -> list[Path]:
-    """The files whose bytes ./course's stamp digests, in its order (read from the script itself)."""
-    [command] = re.findall(r'wanted="\$\(cat (.*?) \| sha256sum', COURSE_SCRIPT.read_text().replace("\\\n", " "))
-    files = []
-    for word in command.split():
-        relative = word.strip('"').replace("$here", "").replace('"', "").lstrip("/")
-        files += sorted(REPOSITORY.glob(relative)) if "*" in relative else [REPOSITORY / relative]
-    return files
+    """The files whose bytes ./course's stamp digests, in its order."""
+    return entry_point().stamped_files(REPOSITORY)
 
 
 def venv() -> Path:
-    return Path(os.environ.get("COURSE_VENV", REPOSITORY / ".venv"))
+    return entry_point().default_venv(REPOSITORY, os.environ)
 
 
 def stamp() -> list[str]:
     """The stamp's words (digest, set), or [] when there is none."""
-    path = venv() / ".course-installed"
+    path = entry_point().Course(REPOSITORY, venv()).stamp
     return path.read_text().split() if path.exists() else []
 
 
 def require_course_setup(wanted_set: str | None = None) -> None:
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in stamped_files())).hexdigest()
+    digest = entry_point().wanted_digest(REPOSITORY)
     words = stamp()
     current = words[:1] == [digest] and (wanted_set is None or words[1:2] == [wanted_set])
     if current:

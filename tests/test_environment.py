@@ -68,11 +68,10 @@ def conda_environment() -> dict:
 
 def ci_python() -> str:
     """The Python CI runs: the one `./course` looks for first, and the one `./course lock` locks for."""
-    script = (REPOSITORY / "course").read_text()
-    [first] = re.findall(r'for candidate in "\$\{PYTHON:-\}" python(\d+\.\d+) ', script)
-    [locked_for] = re.findall(r"--python-version (\d+\.\d+)", script)
-    assert first == locked_for, f"./course prefers Python {first} but locks for {locked_for}"
-    return first
+    entry = course_setup.entry_point()
+    [first] = entry.python_candidates("linux", {})[0]
+    assert first == f"python{entry.LOCKED_FOR}", f"./course prefers {first} but locks for {entry.LOCKED_FOR}"
+    return entry.LOCKED_FOR
 
 
 def binder_pip_section() -> list[str]:

@@ -2,15 +2,13 @@
 tampering; and, without nbgrader, the property the mask exists for and the
 catalogue's power to tell its mistakes apart."""
 
-import itertools
-
 import pytest
 import torch
+from catalogue_checks import assert_mutants_differ, assert_mutants_recognised
 from grading_suite import GradingSuite
 
-from autograder import compare, reference
+from autograder import reference
 from autograder.exercises import causal_masking
-from autograder.local_judge import judge_function
 
 ASSIGNMENT = "02_causal_masking"
 
@@ -22,30 +20,37 @@ class TestCausalMaskingGrading(GradingSuite):
         "mask-upper-triangle": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 if S is None:
                     S = T
-                return torch.triu(torch.ones(T, S, dtype=torch.bool), diagonal=S - T)
+                mask = torch.triu(torch.ones(T, S, dtype=torch.bool), diagonal=S - T)
+                if window is not None:
+                    mask = mask & torch.triu(torch.ones(T, S, dtype=torch.bool), diagonal=S - T - window + 1)
+                return mask
             """,
             "inverted-triangle",
         ),
         "mask-strict-lower": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 S = S or T
                 queries = torch.arange(T).unsqueeze(1) + (S - T)
                 keys = torch.arange(S).unsqueeze(0)
-                return keys < queries
+                if window is None:
+                    return keys < queries
+                return (keys < queries) & (keys > queries - window)
             """,
             "diagonal-excluded",
         ),
         "mask-true-where-blocked": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 S = T if S is None else S
                 future = torch.ones(T, S, dtype=torch.bool).triu(S - T + 1)
+                if window is not None:  # blocked: the future and the keys older than the window
+                    future = future | torch.ones(T, S, dtype=torch.bool).tril(S - T - window)
                 return future
             """,
             "mask-polarity",
@@ -53,38 +58,93 @@ class TestCausalMaskingGrading(GradingSuite):
         "mask-top-left": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 if S is None:
                     S = T
-                return torch.tril(torch.ones(T, S, dtype=torch.bool))
+                mask = torch.tril(torch.ones(T, S, dtype=torch.bool))
+                return mask if window is None else torch.triu(mask, diagonal=1 - window)
             """,
             "top-left-aligned",
         ),
         "mask-ignores-S": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
-                return torch.tril(torch.ones(T, T)).bool()
+            def causal_mask(T, S=None, window=None):
+                mask = torch.tril(torch.ones(T, T)).bool()
+                return mask if window is None else mask.triu(1 - window)
             """,
             "s-ignored",
         ),
         "mask-of-floats": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 S = T if S is None else S
-                return torch.tril(torch.ones(T, S), diagonal=S - T)
+                mask = torch.tril(torch.ones(T, S), diagonal=S - T)
+                return mask if window is None else torch.triu(mask, diagonal=S - T - window + 1)
             """,
             "float-mask",
         ),
         "mask-additive": (
             "causal_mask",
             """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 S = T if S is None else S
-                return torch.full((T, S), float("-inf")).triu(S - T + 1)
+                mask = torch.full((T, S), float("-inf")).triu(S - T + 1)
+                if window is not None:
+                    mask = mask + torch.full((T, S), float("-inf")).tril(S - T - window)
+                return mask
             """,
             "additive-mask",
+        ),
+        "window-one-too-wide": (
+            "causal_mask",
+            """
+            def causal_mask(T, S=None, window=None):
+                S = T if S is None else S
+                position = torch.arange(T)[:, None] + S - T
+                key = torch.arange(S)[None, :]
+                mask = key <= position
+                if window is not None:
+                    mask &= key >= position - window  # the window counted back from the query, itself aside
+                return mask
+            """,
+            "window-one-too-wide",
+        ),
+        "window-one-too-narrow": (
+            "causal_mask",
+            """
+            def causal_mask(T, S=None, window=None):
+                S = T if S is None else S
+                mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+                if window:
+                    mask = mask.triu(S - T - window + 2)
+                return mask
+            """,
+            "window-one-too-narrow",
+        ),
+        "window-ignored": (
+            "causal_mask",
+            """
+            def causal_mask(T, S=None, window=None):
+                S = T if S is None else S
+                return torch.ones(T, S, dtype=torch.bool).tril(S - T)
+            """,
+            "window-ignored",
+        ),
+        "window-from-the-index": (
+            "causal_mask",
+            """
+            def causal_mask(T, S=None, window=None):
+                S = T if S is None else S
+                t = torch.arange(T)[:, None]
+                s = torch.arange(S)[None, :]
+                mask = s <= t + (S - T)
+                if window is not None:
+                    mask = mask & (s > t - window)
+                return mask
+            """,
+            "window-top-left",
         ),
         "attention-mask-after-softmax": (
             "causal_attention",
@@ -128,11 +188,14 @@ class TestCausalMaskingGrading(GradingSuite):
     alternatives = {
         "arange-and-masked-softmax": {
             "causal_mask": """
-                def causal_mask(T, S=None):
+                def causal_mask(T, S=None, window=None):
                     S = T if S is None else S
                     query_positions = torch.arange(T)[:, None] + (S - T)
                     key_positions = torch.arange(S)[None, :]
-                    return key_positions <= query_positions
+                    allowed = key_positions <= query_positions
+                    if window is not None:
+                        allowed = allowed & (query_positions - key_positions < window)
+                    return allowed
                 """,
             "causal_attention": """
                 def causal_attention(q, k, v):
@@ -144,14 +207,15 @@ class TestCausalMaskingGrading(GradingSuite):
         },
         "loops": {
             "causal_mask": """
-                def causal_mask(T, S=None):
+                def causal_mask(T, S=None, window=None):
                     if S is None:
                         S = T
                     mask = torch.zeros(T, S, dtype=torch.bool)
                     for t in range(T):
-                        for s in range(S):
-                            if s <= t + S - T:
-                                mask[t, s] = True
+                        position = t + S - T
+                        first = 0 if window is None else max(0, position - window + 1)
+                        for s in range(first, position + 1):
+                            mask[t, s] = True
                     return mask
                 """,
             "causal_attention": """
@@ -166,9 +230,11 @@ class TestCausalMaskingGrading(GradingSuite):
         },
         "sdpa-float64": {
             "causal_mask": """
-                def causal_mask(T, S=None):
+                def causal_mask(T, S=None, window=None):
                     S = S if S is not None else T
-                    return torch.ones(T, S).tril(diagonal=S - T) == 1
+                    distance = torch.arange(T)[:, None] + (S - T) - torch.arange(S)[None, :]  # query pos - key pos
+                    upper = S if window is None else window
+                    return (distance >= 0) & (distance < upper)
                 """,
             "causal_attention": """
                 import torch.nn.functional as F
@@ -192,7 +258,7 @@ class TestCausalMaskingGrading(GradingSuite):
 
     wrong_answers = {
         "causal_mask": """
-            def causal_mask(T, S=None):
+            def causal_mask(T, S=None, window=None):
                 return torch.ones(T, T if S is None else S, dtype=torch.bool)
             """,
         "causal_attention": """
@@ -265,6 +331,34 @@ def test_mask_agrees_with_torch(solved):
             assert torch.equal(mask, torch.ones(S, S, dtype=torch.bool).tril()[-T:])
 
 
+def band_mask(T, S, window):
+    """The sliding-window mask written from its definition, cell by cell: query t sits at position
+    p = t + S - T and may attend to key s when p - window < s <= p."""
+    mask = torch.zeros(T, S, dtype=torch.bool)
+    for t in range(T):
+        p = t + S - T
+        for s in range(S):
+            mask[t, s] = p - window < s <= p
+    return mask
+
+
+def test_window_is_the_band_written_out(solved):
+    """Every size up to 9 queries and 14 keys, every window from 1 key to longer than the keys: the
+    reference's band is the definition's, and the windowed attention is the full attention restricted
+    to it (F.scaled_dot_product_attention with the band written out)."""
+    for T in range(1, 10):
+        for S in range(T, T + 6):
+            for window in range(1, S + 2):
+                assert torch.equal(solved.causal_mask(T, S, window=window), band_mask(T, S, window)), (T, S, window)
+            assert torch.equal(solved.causal_mask(T, S, window=None), band_mask(T, S, S + 1))
+        assert torch.equal(solved.causal_mask(T, window=2), band_mask(T, T, 2))
+    generator = torch.Generator().manual_seed(22)
+    q, k, v = (torch.randn(2, 3, 11, 8, generator=generator) for _ in range(3))
+    windowed = solved.attention(q, k, v, solved.causal_mask(11, window=4))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band_mask(11, 11, 4))
+    assert torch.allclose(windowed, expected, atol=1e-6)
+
+
 def test_mistakes_break_the_property(solved):
     """The catalogued causal_attention mistakes all let an earlier output depend on
     a later token (or hide the past): the FutureChangeCases catch each of them."""
@@ -281,29 +375,12 @@ def test_mistakes_break_the_property(solved):
 
 @pytest.mark.parametrize("name", list(causal_masking.EXERCISES))
 def test_each_mutant_differs_from_the_reference_and_from_every_other(solved, name):
-    """Recognition needs a case where each mutant differs from the reference, and
-    mutants with different ids must disagree on those cases."""
-    exercise = causal_masking.EXERCISES[name]
-    cases = list(exercise.cases(solved))
-    reference_function = getattr(solved, name)
-
-    def outputs(function):
-        return [case.run(function) for case in cases]
-
-    expected = outputs(reference_function)
-    mutants = [(mistake, outputs(mistake.mutant(solved))) for mistake in exercise.mistakes]
-    for mistake, got in mutants:
-        assert any(compare.close(g, e, exercise.atol, exercise.rtol) for g, e in zip(got, expected)), mistake.name
-    for (a, got_a), (b, got_b) in itertools.combinations(mutants, 2):
-        if a.id == b.id:
-            continue
-        assert any(compare.close(x, y, exercise.atol, exercise.rtol) for x, y in zip(got_a, got_b)), (a.id, b.id)
+    """Recognition needs a case where each mutant differs from the reference, and mutants with
+    different ids must disagree on those cases."""
+    assert_mutants_differ(causal_masking.EXERCISES[name], solved)
 
 
 @pytest.mark.parametrize("name", list(causal_masking.EXERCISES))
 def test_each_mutant_is_recognised_as_itself(solved, name):
     """The judge names each mutant's own mistake (not an earlier entry's)."""
-    exercise = causal_masking.EXERCISES[name]
-    for mistake in exercise.mistakes:
-        message = judge_function(exercise, mistake.mutant(solved), solved)
-        assert message is not None and f"[mistake:{mistake.id}]" in message, (mistake.name, message)
+    assert_mutants_recognised(causal_masking.EXERCISES[name], solved)

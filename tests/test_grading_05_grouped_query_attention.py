@@ -243,6 +243,32 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
             """,
             "kv-cache-batch-ignored",
         ),
+        "mla-keys-and-values": (
+            "mla_cache_bytes",
+            """
+            def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                per_token = 2 * (latent_dim + rope_dim)  # a key and a value, as in kv_cache_bytes
+                return n_layers * per_token * seq_len * batch_size * bytes_per_value
+            """,
+            "mla-cache-factor-2",
+        ),
+        "mla-latent-only": (
+            "mla_cache_bytes",
+            """
+            def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                return n_layers * latent_dim * seq_len * batch_size * bytes_per_value
+            """,
+            "mla-cache-rope-key-missing",
+        ),
+        "mla-numbers": (
+            "mla_cache_bytes",
+            """
+            def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                numbers = n_layers * (latent_dim + rope_dim) * seq_len * batch_size
+                return numbers
+            """,
+            "mla-cache-counts-values",
+        ),
     }
 
     alternatives = {
@@ -286,6 +312,12 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
                 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2):
                     per_token = 2 * n_layers * n_kv_heads * head_dim * bytes_per_value  # a key and a value
                     return per_token * seq_len * batch_size
+                """,
+            "mla_cache_bytes": """
+                def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                    latent = n_layers * latent_dim * seq_len * batch_size * bytes_per_value
+                    rope_key = n_layers * rope_dim * seq_len * batch_size * bytes_per_value
+                    return latent + rope_key
                 """,
         },
         "index-select-sdpa-complex-rope": {
@@ -337,6 +369,10 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
                 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2):
                     return math.prod([2, n_layers, n_kv_heads, head_dim, seq_len, batch_size, bytes_per_value])
                 """,
+            "mla_cache_bytes": """
+                def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                    return math.prod([n_layers, latent_dim + rope_dim, seq_len, batch_size, bytes_per_value])
+                """,
         },
         "loops-float64": {
             "kv_head_index": """
@@ -372,6 +408,13 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
                         total += 2.0 * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_value
                     return total
                 """,
+            "mla_cache_bytes": """
+                def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                    total = 0.0
+                    for _ in range(n_layers):  # per layer: one latent and one RoPE key per token and sequence
+                        total += float(latent_dim + rope_dim) * seq_len * batch_size * bytes_per_value
+                    return total
+                """,
         },
     }
 
@@ -390,6 +433,10 @@ class TestGroupedQueryAttentionGrading(GradingSuite):
         "kv_cache_bytes": """
             def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_value=2):
                 return n_layers * seq_len
+            """,
+        "mla_cache_bytes": """
+            def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+                return latent_dim * seq_len
             """,
     }
 
@@ -433,6 +480,17 @@ def test_seed_numbers(ref):
 )
 def test_kv_cache_bytes_of_published_models(ref, n_layers, n_kv_heads, head_dim, seq_len, batch, width, expected):
     assert ref.kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch, width) == expected
+
+
+def test_mla_cache_of_deepseek_v2_is_gqa_with_two_and_a_quarter_groups(ref):
+    """DeepSeek-V2's paper counts MLA's cache as (d_c + d_h^R) l = 9/2 d_h l elements per token (d_c = 4 d_h,
+    d_h^R = d_h / 2), what GQA caches with 2.25 groups: with d_h = 128, l = 60 layers and 2 bytes a number,
+    60 x 576 x 2 = 69,120 bytes per token, 57 times less than its 128 heads of 128 as multi-head attention."""
+    per_token = ref.mla_cache_bytes(60, 512, 64, 1)
+    assert per_token == 9 * 128 * 60 * 2 // 2 == 69_120
+    assert per_token == 2.25 * ref.kv_cache_bytes(60, 1, 128, 1)  # GQA's 2 G d_h l with G = 2.25
+    assert ref.kv_cache_bytes(60, 128, 128, 1) / per_token == pytest.approx(56.9, abs=0.05)
+    assert ref.mla_cache_bytes(60, 512, 64, 8192, 4, 4) == 8192 * 4 * 2 * per_token
 
 
 def test_with_as_many_kv_heads_as_query_heads_it_is_torch_multi_head_attention(ref):

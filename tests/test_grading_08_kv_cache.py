@@ -92,6 +92,69 @@ class KVCache:
         return len(self.layers)
 """
 
+# ---------------------------------------------------------------- RollingKVCache answers
+
+ROLLING_HEAD = """
+class RollingKVCache:
+    def __init__(self, window):
+        self.window = window
+        self.keys, self.values, self.count = {}, {}, {}
+
+    def update(self, layer, k, v):
+        W = self.window
+        if layer not in self.keys:
+            B, G, _, Dh = k.shape
+            self.keys[layer], self.values[layer] = k.new_zeros(B, G, W, Dh), v.new_zeros(B, G, W, Dh)
+            self.count[layer] = 0
+"""
+
+ROLLING_WRITE = """
+        start = self.count[layer]
+        end = start + k.shape[2]
+        first = max(start, end - W)
+        slots = torch.arange(first, end) % W
+        self.keys[layer][:, :, slots] = k[:, :, first - start:]
+        self.values[layer][:, :, slots] = v[:, :, first - start:]
+        self.count[layer] = end
+"""
+
+ROLLING_LENGTH = """
+    @property
+    def length(self):
+        return self.count.get(0, 0)
+"""
+
+ROLLING_RETURNS_OLDEST_FIRST = """
+        order = torch.arange(max(0, end - W), end) % W
+        return self.keys[layer][:, :, order], self.values[layer][:, :, order]
+"""
+
+
+def rolling_with(write=ROLLING_WRITE, returns=ROLLING_RETURNS_OLDEST_FIRST, length=ROLLING_LENGTH) -> str:
+    return ROLLING_HEAD + write + returns + length
+
+
+ROLLING_SHIFTED = """
+class RollingKVCache:
+    def __init__(self, window):
+        self.window = window
+        self.keys, self.values = {}, {}
+        self.seen = 0
+
+    def update(self, layer, k, v):
+        if layer == 0:
+            self.seen += k.shape[2]
+        if layer in self.keys:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k[:, :, -self.window:], v[:, :, -self.window:]
+        return self.keys[layer], self.values[layer]
+
+    @property
+    def length(self):
+        return self.seen
+"""
+
 # ---------------------------------------------------------------- attend_with_cache answers
 
 ATTEND_HEAD = """
@@ -177,6 +240,52 @@ class TestKVCacheGrading(GradingSuite):
         "cache-new-first": ("KVCache", CACHE_NEW_FIRST, "cache-new-first"),
         "cache-length-every-update": ("KVCache", CACHE_LENGTH_EVERY_UPDATE, "length-counts-every-update"),
         "cache-length-layers": ("KVCache", CACHE_LENGTH_LAYERS, "length-counts-layers"),
+        "rolling-shifted": ("RollingKVCache", ROLLING_SHIFTED, "rolling-buffer-shifted"),
+        "rolling-slot-order": (
+            "RollingKVCache",
+            rolling_with(
+                returns="""
+        n = min(end, W)
+        return self.keys[layer][:, :, :n], self.values[layer][:, :, :n]
+"""
+            ),
+            "rolling-returns-slot-order",
+        ),
+        "rolling-length-capped": (
+            "RollingKVCache",
+            rolling_with(
+                length="""
+    @property
+    def length(self):
+        return min(self.count.get(0, 0), self.window)
+"""
+            ),
+            "rolling-length-stops-at-window",
+        ),
+        "rolling-unwritten-slots": (
+            "RollingKVCache",
+            rolling_with(
+                returns="""
+        order = torch.arange(end - W, end) % W
+        return self.keys[layer][:, :, order], self.values[layer][:, :, order]
+"""
+            ),
+            "rolling-returns-unwritten-slots",
+        ),
+        "rolling-chunk-index": (
+            "RollingKVCache",
+            rolling_with(
+                write="""
+        start = self.count[layer]
+        end = start + k.shape[2]
+        for j in range(k.shape[2]):
+            self.keys[layer][:, :, j % W] = k[:, :, j]
+            self.values[layer][:, :, j % W] = v[:, :, j]
+        self.count[layer] = end
+"""
+            ),
+            "rolling-slot-from-chunk-index",
+        ),
         "attend-positions-from-zero": (
             "attend_with_cache",
             attend_with(
@@ -412,6 +521,30 @@ class KVCache:
             self.length += k.shape[-2]
         return self.k[layer], self.v[layer]
 """,
+            # one position at a time into its slot; the window read back with torch.roll; views of the buffer
+            "RollingKVCache": """
+class RollingKVCache:
+    def __init__(self, window):
+        self.size, self.keys, self.values, self.count = window, {}, {}, {}
+
+    def update(self, layer, k, v):
+        B, G, T, D = k.shape
+        self.keys.setdefault(layer, torch.zeros(B, G, self.size, D, dtype=k.dtype))
+        self.values.setdefault(layer, torch.zeros(B, G, self.size, D, dtype=v.dtype))
+        n = self.count.get(layer, 0)
+        for j in range(T):
+            self.keys[layer][:, :, (n + j) % self.size] = k[:, :, j]
+            self.values[layer][:, :, (n + j) % self.size] = v[:, :, j]
+        n = self.count[layer] = n + T
+        if n <= self.size:
+            return self.keys[layer][:, :, :n], self.values[layer][:, :, :n]
+        oldest = n % self.size
+        return torch.roll(self.keys[layer], -oldest, dims=2), torch.roll(self.values[layer], -oldest, dims=2)
+
+    @property
+    def length(self):
+        return self.count.get(0, 0)
+""",
             # torch's scaled_dot_product_attention groups the heads itself
             "attend_with_cache": """
 def attend_with_cache(attn, x, positions, cache, layer):
@@ -484,6 +617,29 @@ class KVCache:
             return 0
         return self.cache[0][0].size(2)
 """,
+            # empty buffers, index_copy_ and index_select, length an attribute counted at layer 0
+            "RollingKVCache": """
+class RollingKVCache:
+    def __init__(self, window):
+        self.window = window
+        self.length = 0
+        self.keys, self.values = {}, {}
+
+    def update(self, layer, k, v):
+        W, new = self.window, k.shape[2]
+        if layer == 0:
+            self.length += new
+        end = self.length
+        if layer not in self.keys:
+            self.keys[layer] = k.new_empty(k.shape[0], k.shape[1], W, k.shape[3])
+            self.values[layer] = v.new_empty(v.shape[0], v.shape[1], W, v.shape[3])
+        kept = min(new, W)
+        slots = torch.arange(end - kept, end) % W
+        self.keys[layer].index_copy_(2, slots, k[:, :, new - kept:])
+        self.values[layer].index_copy_(2, slots, v[:, :, new - kept:])
+        order = torch.arange(max(0, end - W), end) % W
+        return self.keys[layer].index_select(2, order), self.values[layer].index_select(2, order)
+""",
             # einsum in float64, heads repeated with expand, a large negative number for the mask
             "attend_with_cache": """
 def attend_with_cache(attn, x, positions, cache, layer):
@@ -543,4 +699,5 @@ def forward_cached(model, tokens, cache):
 def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):
     return torch.cat([tokens, tokens[:, -1:].repeat(1, max_new_tokens)], dim=1)
 """,
+        "RollingKVCache": ROLLING_SHIFTED,
     }

@@ -3,8 +3,8 @@
 * The context-limit cell says plainly what a ``generate_cached`` did past the
   limit: the ValueError, another error, or no error at all.
 * The sliding-cache cell measures what the notebook explains: a cache that drops
-  its oldest positions gives the recomputed window's logits with one layer (float
-  rounding), not with two or three.
+  its oldest positions (the learner's ``RollingKVCache``) gives the recomputed
+  window's logits with one layer (float rounding), not with two or three.
 * The timing cell, with ``generate_cached`` unfinished, names it before it times
   anything (07's slow uncached ``generate`` never runs).
 * The cell that fetches 07's trained model finds the file 07 saves, and without
@@ -116,7 +116,7 @@ def test_limit_cell_names_an_unfinished_generate_cached(limit_namespace, capsys)
 
 
 def test_sliding_cache_matches_the_recomputed_window_with_one_layer_only(ref, capsys):
-    run_cell("class SlidingCache", answers(ref))
+    run_cell("def sliding_vs_recomputed", answers(ref))
     found = dict(re.findall(r"^(\d) layers?\s*: largest logit difference (\S+)", capsys.readouterr().out, re.M))
     difference = {int(layers): float(value) for layers, value in found.items()}
     assert sorted(difference) == [1, 2, 3]
@@ -145,10 +145,63 @@ def test_sliding_cache_cell_explains_code_that_assumes_a_cache_of_every_position
             x = x + block.mlp(block.mlp_norm(x))
         return model.lm_head(model.norm(x))
 
-    run_cell("class SlidingCache", answers(ref, forward_cached=forward_cached))
+    run_cell("def sliding_vs_recomputed", answers(ref, forward_cached=forward_cached))
     out = capsys.readouterr().out
     assert out.startswith("With a cache that keeps only the last 16 positions your forward_cached or attend_with_cache")
     assert "read S from the keys cache.update returns" in out and "largest logit difference" not in out
+
+
+# ---------------------------------------------------------------- attention sinks
+
+
+def test_sink_cache_gives_one_layer_the_sinks_and_the_recent_window_at_places_inside_it(ref, capsys):
+    """StreamingLLM's cache, as the notebook builds it: with one layer, the logits through it are those of the
+    model run on the first 3 tokens followed by the last 5 (positions 0 to 7 of a window of 8): the sinks sit
+    right before the recent window, whatever the true positions."""
+    namespace = run_cell("class SinkCache", answers(ref, story_model=None))
+    assert capsys.readouterr().out == "No model to measure: see the cell above.\n"
+    torch.manual_seed(0)
+    model = ref.Llama(ref.ModelConfig(40, 32, 1, 4, 2, 64, max_seq_len=8)).eval()
+    tokens = torch.randint(0, 40, (2, 30), generator=torch.Generator().manual_seed(4))
+    cache = namespace["SinkCache"](8, 3, model.config.rope_base)
+    ref.forward_cached(model, tokens[:, :8], cache)
+    largest = 0.0
+    for t in range(8, 30):
+        through_cache = ref.forward_cached(model, tokens[:, t : t + 1], cache)[:, -1]
+        with torch.no_grad():
+            sinks_then_recent = model(torch.cat([tokens[:, :3], tokens[:, t - 4 : t + 1]], dim=1))[:, -1]
+        largest = max(largest, float((through_cache - sinks_then_recent).abs().max()))
+    assert largest < 1e-5
+    assert cache.length == 30 and [k.shape[2] for k, _ in cache.held.values()] == [8]
+
+
+def test_sinks_cell_measures_three_ways_past_the_window(ref, monkeypatch, capsys):
+    """On a small model of 07's shape, the cell prints the loss at position 63 and over 64-127 and 128-191 for the
+    plain window, the sinks and the cropped context, and says that an untrained model's numbers mean nothing."""
+    chars = sorted(set(load_corpus()))
+    torch.manual_seed(0)
+    model = ref.Llama(ref.ModelConfig(len(chars), 32, 2, 4, 2, 64, max_seq_len=64)).eval()
+    namespace = answers(ref, story_model=model, chars=chars, steps_trained=0, load_corpus=load_corpus)
+    namespace.update(F=torch.nn.functional, plt=__import__("matplotlib.pyplot").pyplot)
+    monkeypatch.setattr(namespace["plt"], "show", lambda: None)
+    run_cell("class SinkCache", namespace)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("(07's trained model is missing")
+    assert lines[1].split("|")[1:] == ["      63 ", "  64-127 ", " 128-191"]
+    rows = {line.split("|")[0].strip(): [float(x) for x in line.split("|")[1:]] for line in lines[2:5]}
+    assert lines[5].startswith("(each the mean over the positions 63, 71, 79, ..., 191: every 8th")
+    assert list(rows) == [
+        "plain window (RollingKVCache)",
+        "4 sinks + last 60 (SinkCache)",
+        "full context cropped (07's way)",
+    ]
+    # at position 63 nothing has left the window yet: the three read the same 64 characters
+    assert rows["plain window (RollingKVCache)"][0] == pytest.approx(
+        rows["full context cropped (07's way)"][0], abs=1e-4
+    )
+    assert rows["4 sinks + last 60 (SinkCache)"][0] == pytest.approx(
+        rows["full context cropped (07's way)"][0], abs=1e-4
+    )
 
 
 # ---------------------------------------------------------------- the timing cell

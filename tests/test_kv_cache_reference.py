@@ -68,6 +68,35 @@ def test_cached_generation_gives_generates_tokens(ref):
         ref.generate_cached(model, prompt, 35)
 
 
+def test_rolling_cache_is_sliding_window_attention_in_every_layer(ref):
+    """Through the reference RollingKVCache, forward_cached computes sliding-window attention: every layer attends to
+    the last W positions of its own input. Checked against one full pass with torch's scaled_dot_product_attention
+    and a band mask in every layer; the buffers stay W slots long."""
+    W = 6
+    model = randomised(ref.Llama(ref.ModelConfig(37, 32, 3, 4, 2, 64, max_seq_len=W)), seed=5)
+    tokens = torch.randint(0, 37, (2, 20), generator=torch.Generator().manual_seed(6))
+    cache = ref.RollingKVCache(W)
+    pieces = [ref.forward_cached(model, tokens[:, :4], cache)]
+    pieces += [ref.forward_cached(model, tokens[:, t : t + 1], cache) for t in range(4, 20)]
+    T = tokens.shape[1]
+    query, key = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    band = (key <= query) & (key > query - W)
+    with torch.no_grad():
+        x = model.embed(tokens)
+        for block in model.layers:
+            attn, h = block.attn, block.attn_norm(x)
+            B, Dh = h.shape[0], attn.head_dim
+            q = ref.apply_rope(attn.q_proj(h).view(B, T, attn.n_heads, Dh).transpose(1, 2), torch.arange(T))
+            k = ref.apply_rope(attn.k_proj(h).view(B, T, attn.n_kv_heads, Dh).transpose(1, 2), torch.arange(T))
+            v = attn.v_proj(h).view(B, T, attn.n_kv_heads, Dh).transpose(1, 2)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band, enable_gqa=True)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+            x = x + block.mlp(block.mlp_norm(x))
+        sliding_window = model.lm_head(model.norm(x))
+    assert float((torch.cat(pieces, dim=1) - sliding_window).abs().max()) < 1e-5
+    assert cache.length == T and [tuple(cache.keys[i].shape) for i in range(3)] == [(2, 2, W, 8)] * 3
+
+
 @pytest.mark.parametrize("name", list(EXERCISES))
 def test_each_mutant_is_recognised_and_distinct(ref, name):
     exercise = EXERCISES[name]

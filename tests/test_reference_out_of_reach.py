@@ -50,6 +50,7 @@ ASSIGNMENTS = [
     "06_transformer_block",
     "07_llama",
     "08_kv_cache",
+    "09_efficient_attention",
 ]
 MIN_LINE = 24  # shorter lines (`return x`) are common to any code
 

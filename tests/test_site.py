@@ -183,9 +183,10 @@ def test_every_link_in_the_readme_resolves():
 
 
 def commands_of_the_course_script() -> set[str]:
-    """The commands the course script dispatches (its case labels)."""
-    script = (REPOSITORY / "course").read_text()
-    return {label for labels in re.findall(r"^    ([a-z|-]+)\)$", script, re.M) for label in labels.split("|")}
+    """The commands the course script dispatches."""
+    from course_setup import entry_point
+
+    return set(entry_point().COMMANDS)
 
 
 def test_every_course_command_in_the_readme_exists_with_its_options():

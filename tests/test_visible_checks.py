@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from grading_suite import GradingSuite
+from test_grading_08_kv_cache import ROLLING_SHIFTED
 from visible_checks import assignments, check_cells, reference_answers, run_visible
 
 ASSIGNMENTS = assignments()
@@ -139,6 +140,11 @@ WRONG = {
         "KV cache": [
             edit("the triangle at the top left", (".tril(diagonal=S - T)", ".tril()")),
             edit("S ignored", ("S = T if S is None else S", "S = T")),
+        ],
+        "sliding window": [
+            edit("the window one too wide", ("S - T - window + 1", "S - T - window")),
+            edit("the window ignored", ("mask = mask.triu(diagonal=S - T - window + 1)", "pass")),
+            edit("the window measured from the query's index", ("S - T - window + 1", "-window + 1")),
         ],
     },
     ("02_causal_masking", "causal_attention"): {
@@ -295,6 +301,14 @@ WRONG = {
     ("05_grouped_query_attention", "kv_cache_bytes"): {
         "LLaMA-2-7B": [edit("keys only", ("return 2 * n_layers", "return n_layers"))],
         "LLaMA-3-8B": [edit("batch ignored", (" * batch_size", ""))],
+    },
+    ("05_grouped_query_attention", "mla_cache_bytes"): {
+        "DeepSeek-V2": [
+            edit("a key and a value, as in kv_cache_bytes", ("return n_layers *", "return 2 * n_layers *")),
+            edit("the RoPE key left out", ("(latent_dim + rope_dim)", "latent_dim")),
+        ],
+        "tokens": [edit("seq_len ignored", (" * seq_len * batch_size", " * batch_size"))],
+        "batch and precision": [edit("batch ignored", (" * batch_size *", " *"))],
     },
     ("06_transformer_block", "RMSNorm"): {
         "weight": [
@@ -692,6 +706,144 @@ WRONG = {
                 "the limit off by one",
                 ("tokens.shape[1] + max_new_tokens > limit", "tokens.shape[1] + max_new_tokens >= limit"),
             ),
+        ],
+    },
+    ("09_efficient_attention", "merge_partials"): {
+        "worked example": [
+            edit(
+                "the merged output divided by the merged sum",
+                ("scale_a * o_a + scale_b * o_b", "(scale_a * o_a + scale_b * o_b) / (scale_a * l_a + scale_b * l_b)"),
+            )
+        ],
+        # the worked example's two blocks share their max, 0.71: a factor left out is 1 there
+        "a larger max later": [
+            edit("the old sum not rescaled", ("scale_a * l_a + scale_b * l_b", "l_a + scale_b * l_b")),
+            edit("the old output not rescaled", ("scale_a * o_a + scale_b * o_b", "o_a + scale_b * o_b")),
+        ],
+        "either order": [
+            whole(
+                "the second partial's max taken as the merged one",
+                """
+def merge_partials(m_a, l_a, o_a, m_b, l_b, o_b):
+    scale = torch.exp(m_a - m_b)
+    return m_b, scale * l_a + l_b, scale * o_a + o_b
+""",
+            )
+        ],
+        "batch": [
+            edit(
+                "the larger max along axis 1, the last one of a 2-D column only",
+                ("m = torch.maximum(m_a, m_b)", "m = torch.cat([m_a, m_b], dim=1).amax(dim=1, keepdim=True)"),
+            )
+        ],
+        # contrived: the maximum written as m_b plus the clamped difference, nan when m_b is -inf
+        "empty partial": [
+            edit(
+                "a max that is nan against -inf", ("m = torch.maximum(m_a, m_b)", "m = m_b + (m_a - m_b).clamp(min=0)")
+            )
+        ],
+        "large scores": [
+            whole(
+                "the exponentials of the maxima themselves",
+                """
+def merge_partials(m_a, l_a, o_a, m_b, l_b, o_b):
+    m = torch.maximum(m_a, m_b)
+    total = l_a * torch.exp(m_a) + l_b * torch.exp(m_b)
+    out = o_a * torch.exp(m_a) + o_b * torch.exp(m_b)
+    return m, total / torch.exp(m), out / torch.exp(m)
+""",
+            )
+        ],
+    },
+    ("09_efficient_attention", "blockwise_attention"): {
+        "worked example": [edit("no sqrt(d)", (" / math.sqrt(d)", ""))],
+        "any block size": [
+            edit(
+                "the last, shorter block of keys left out",
+                ("for j0 in range(0, S, block_size):", "for j0 in range(0, S - block_size + 1, block_size):"),
+            )
+        ],
+        "causal": [
+            edit(
+                "a query does not see itself on the diagonal",
+                ("<= torch.arange(i0, i1)[:, None] + offset", "< torch.arange(i0, i1)[:, None] + offset"),
+            ),
+            edit(
+                "the diagonal tiles skipped",
+                ('scores = scores.masked_fill(~visible, float("-inf"))', "continue"),
+            ),
+        ],
+        "KV cache": [
+            edit("the queries taken as the first positions", ("offset = S - T", "offset = 0")),
+            edit("no clamp: nan for a row that sees no key of a tile", (".clamp(min=-1e30)", "")),
+        ],
+        "batch and float64": [
+            edit(
+                "a float32 output whatever the inputs",
+                (
+                    "out = torch.empty(*batch, T, v.shape[-1], dtype=q.dtype)",
+                    "out = torch.empty(*batch, T, v.shape[-1])",
+                ),
+            )
+        ],
+        "no T x S table": [
+            whole(
+                "01's attention on the whole table",
+                """
+def blockwise_attention(q, k, v, block_size, causal=False):
+    T, S = q.shape[-2], k.shape[-2]
+    return attention(q, k, v, causal_mask(T, S) if causal else None)
+""",
+            ),
+            edit(
+                "the diagonal tiles' masks cut from a full causal_mask",
+                (
+                    "visible = torch.arange(j0, j1) <= torch.arange(i0, i1)[:, None] + offset",
+                    "visible = causal_mask(T, S)[i0:i1, j0:j1]",
+                ),
+            ),
+        ],
+        "causal skips the future": [
+            edit(
+                "the future tiles computed and masked away",
+                ("                break ", "                pass "),
+            )
+        ],
+    },
+    ("08_kv_cache", "RollingKVCache"): {
+        "slots": [
+            edit(
+                "the window returned in slot order",
+                ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(min(end, W))"),
+            ),
+            whole("the window kept oldest first by shifting", ROLLING_SHIFTED),
+            edit(
+                "length stops at the window",
+                (
+                    "return next(iter(self.written.values()), 0)",
+                    "return min(next(iter(self.written.values()), 0), self.window)",
+                ),
+            ),
+        ],
+        "a long prompt": [
+            edit(
+                "only the first position of each update written",
+                ("slots = torch.arange(first, end) % W", "slots = torch.tensor([start % W])"),
+                (
+                    "self.keys[layer][:, :, slots] = k[:, :, first - start:]",
+                    "self.keys[layer][:, :, slots] = k[:, :, :1]",
+                ),
+                (
+                    "self.values[layer][:, :, slots] = v[:, :, first - start:]",
+                    "self.values[layer][:, :, slots] = v[:, :, :1]",
+                ),
+            )
+        ],
+        "against the recomputed window": [
+            edit(
+                "unwritten slots returned before the window fills",
+                ("window = torch.arange(max(0, end - W), end) % W", "window = torch.arange(end - W, end) % W"),
+            )
         ],
     },
 }

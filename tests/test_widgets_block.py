@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from autograder import reference
 from autograder.exercises.transformer_block import BLOCK_MISTAKES
-from course_widgets.block import ResidualStreamExplorer, SiluGateExplorer
+from course_widgets.block import ResidualStreamExplorer, SiluGateExplorer, _times
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,26 @@ def test_pre_norm_stream_grows_and_keeps_its_input_post_norm_does_not(solved):
     assert all(abs(r - 1.0) < 1e-3 for r in post_rms[1:])  # RMSNorm's weight is 1: pinned at 1
     assert pre_cos[12] > 0.2 and abs(post_cos[12]) < 0.1
     assert "after 12 layers" in widget.stats.value
+
+
+def test_legends_carry_each_curves_number_at_its_marker(solved):
+    """The numbers the notebook's text leaves out are in the legends: the RMS and the cosine at the chosen
+    depth, and the gradient's size at the input, for the slider's settings."""
+    widget = ResidualStreamExplorer(solved.TransformerBlock)
+    widget.layers.value, widget.gain.value = 24, 0.25
+    found, gradients = widget.trajectories(0.25), widget.gradients(0.25, 24)
+    legend = {(axes, style): text.get_text() for (axes, style), text in widget.legend_texts.items()}
+    for style in ("pre-norm", "post-norm"):
+        rms, cos = found[style]
+        assert legend[widget.size_axes, style] == f"━ {style}: RMS {rms[24]:.2f}"
+        assert legend[widget.input_axes, style] == f"━ {style}: cos {cos[24]:.2f}"
+    for style in ("pre-norm", "post-norm", "no residual"):
+        assert legend[widget.gradient_axes, style] == f"━ {style}: {_times(gradients[style][0])} at the input"
+    assert legend[widget.gradient_axes, "no residual"] != legend[widget.gradient_axes, "pre-norm"]
+    widget.layers.value = 12  # the legend follows the slider
+    assert widget.legend_texts[widget.size_axes, "pre-norm"].get_text() == (
+        f"━ pre-norm: RMS {widget.trajectories(0.25)['pre-norm'][0][12]:.2f}"
+    )
 
 
 def test_layers_slider_sets_how_far_the_curves_go(solved):

@@ -15,6 +15,7 @@ The decision is read from what pip itself would install (`pip install --dry-run
 
     python tools/torch_source.py decide     # print the decision, install nothing
     python tools/torch_source.py install    # what ./course runs after the lock
+    python tools/torch_source.py install --progress   # the same, with pip's download bar
 """
 
 from __future__ import annotations
@@ -113,14 +114,17 @@ def choose(report: dict) -> Choice:
     return Choice(False, f"pip's torch {version} ({wheel}) needs no NVIDIA libraries")
 
 
-def install(python: str, requirement: str, choice: Choice, cpu_index: str, target: str | None = None) -> int:
-    """Install torch alone (--no-deps), from pip's usual sources or from the CPU index."""
+def install(
+    python: str, requirement: str, choice: Choice, cpu_index: str, target: str | None = None, progress: bool = False
+) -> int:
+    """Install torch alone (--no-deps), from pip's usual sources or from the CPU index; with pip's
+    own output and download bar (on a terminal) when ``progress``, else quietly."""
     command = [
         python,
         "-m",
         "pip",
         "install",
-        "--quiet",
+        *([] if progress else ["--quiet"]),
         "--no-deps",
         "--disable-pip-version-check",
         "--timeout",
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-index", default=os.environ.get("COURSE_TORCH_CPU_INDEX", CPU_INDEX))
     parser.add_argument("--report", type=Path, help="a saved `pip install --dry-run --report` instead of a new one")
     parser.add_argument("--target", help="install into this folder (pip --target) instead of the environment")
+    parser.add_argument("--progress", action="store_true", help="show pip's output and download bar (a terminal)")
     args = parser.parse_args(argv)
     requirement = args.requirement or torch_pin()
     report = json.loads(args.report.read_text()) if args.report else pip_report(args.python, requirement)
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch: {choice.reason}", file=sys.stderr)
     if args.action == "decide":
         return 0
-    return install(args.python, requirement, choice, args.cpu_index, args.target)
+    return install(args.python, requirement, choice, args.cpu_index, args.target, args.progress)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Notebook 02: causal_mask, causal_attention.
+"""Notebook 02: causal_mask (with its sliding ``window``), causal_attention.
 
 Tolerances: ``causal_mask`` returns booleans, compared exactly (a wrong dtype
-is reported as such). ``causal_attention`` is the attention of notebook 01 with
+is reported as such). Its cases with a ``window`` check the band (each query
+sees itself and the window - 1 keys before it), bottom-right with S > T as the
+plain mask is; a mistaken plain mask is still named when the learner also wrote
+the window on top of it (each mistake's mutant applies the band the way the
+rest of such an answer would). ``causal_attention`` is the attention of notebook 01 with
 a mask: a few float32 operations on values of order 1, where correct writings
 (the given ``attention``, -1e9 instead of -inf, float64, a loop over queries,
 ``F.scaled_dot_product_attention``) agree to about 1e-7, so 1e-6 absolute,
@@ -56,14 +60,57 @@ def causal_mask_cases(ref):
         yield Case(f"T={T} queries and S={S} keys (random)", (T, S))
     T = _randint(7, 16, g)
     yield Case(f"T={T} (random)", (T,))
+    # the sliding window: each query sees itself and the window - 1 keys before it
+    yield Case("T=5, window=2 (each token sees itself and the one before)", (5,), {"window": 2})
+    yield Case("T=4, window=1 (each token sees only itself)", (4,), {"window": 1})
+    yield Case("T=6, window=3", (6,), {"window": 3})
+    yield Case("T=4, window=4 (the window holds every earlier token: the plain mask)", (4,), {"window": 4})
+    yield Case("T=3, window=10 (a window longer than the sequence)", (3,), {"window": 10})
+    yield Case("T=2 queries, S=7 keys, window=3 (a KV cache: positions 5 and 6)", (2, 7), {"window": 3})
+    yield Case("T=1 query, S=8 keys, window=4 (one generation step: the last 4 keys)", (1, 8), {"window": 4})
+    yield Case("T=3 queries, S=3 keys given, window=2", (3, 3), {"window": 2})
+    for _ in range(3):
+        T = _randint(2, 10, g)
+        S = T + _randint(0, 8, g)
+        window = _randint(2, S - 1, g) if S > 2 else 1
+        yield Case(f"T={T} queries, S={S} keys, window={window} (random)", (T, S), {"window": window})
+    T = _randint(8, 14, g)
+    window = _randint(2, 5, g)
+    yield Case(f"T={T}, window={window} (random)", (T,), {"window": window})
 
 
-def _mask_mutant(build):
-    """A mistaken causal_mask: ``build(T, S)`` with S defaulting to T."""
+def _band(mask, offset: int, window):
+    """``mask`` with the cells more than window - 1 before the diagonal ``offset`` turned off (None: as is)."""
+    return mask if window is None else mask.triu(diagonal=offset - window + 1)
+
+
+def _mask_mutant(build, offset=lambda T, S: S - T):
+    """A mistaken causal_mask: ``build(T, S)`` with S defaulting to T, and a window, when given, cut
+    along the diagonal the answer puts its triangle on (``offset(T, S)``)."""
 
     def mutant(ref):
-        def causal_mask(T, S=None):
-            return build(T, T if S is None else S)
+        def causal_mask(T, S=None, window=None):
+            S = T if S is None else S
+            return _band(build(T, S), offset(T, S), window)
+
+        return causal_mask
+
+    return mutant
+
+
+def _window_mutant(wrong_window=None, *, top_left=False):
+    """A causal_mask whose window is ``wrong_window(window)`` keys wide (None: the window ignored),
+    or, with ``top_left``, whose band is measured from the query's index instead of its position."""
+
+    def mutant(ref):
+        def causal_mask(T, S=None, window=None):
+            S = T if S is None else S
+            causal = ref.causal_mask(T, S)
+            if window is None:
+                return causal
+            if top_left:
+                return _band(causal, 0, window)
+            return causal if wrong_window is None else _band(causal, S - T, wrong_window(window))
 
         return causal_mask
 
@@ -75,15 +122,19 @@ def _ones(T, S):
 
 
 def _float_mask(ref):
-    return lambda T, S=None: ref.causal_mask(T, S).float()
+    return lambda T, S=None, window=None: ref.causal_mask(T, S, window=window).float()
 
 
 def _additive_mask(ref):
-    def causal_mask(T, S=None):
-        allowed = ref.causal_mask(T, S)
+    def causal_mask(T, S=None, window=None):
+        allowed = ref.causal_mask(T, S, window=window)
         return torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
 
     return causal_mask
+
+
+def _inverted_polarity(ref):
+    return lambda T, S=None, window=None: ~ref.causal_mask(T, S, window=window)
 
 
 INVERTED_HINT = (
@@ -97,6 +148,11 @@ DIAGONAL_HINT = (
 POLARITY_HINT = (
     'True means "may attend" (as in F.scaled_dot_product_attention): True on and below '
     "the diagonal, False above it, where the future is."
+)
+WINDOW_HINT = (
+    "With a window W, query t (at position p = t + S - T) sees itself and the W - 1 keys before it: "
+    "keys p - W + 1 .. p, W keys in all. Cut the band with `triu(diagonal=S - T - W + 1)` on the "
+    "causal mask, or compare positions: `key > position - W`."
 )
 TOP_LEFT_HINT = (
     "With S > T keys the T queries are the LAST T positions (the first S - T keys are cached "
@@ -115,7 +171,7 @@ CAUSAL_MASK_MISTAKES = [
         "inverted-triangle",
         "the allowed cells form the upper triangle instead of the lower one",
         INVERTED_HINT,
-        _mask_mutant(lambda T, S: _ones(T, S).triu()),
+        _mask_mutant(lambda T, S: _ones(T, S).triu(), offset=lambda T, S: 0),
     ),
     Mistake(
         "diagonal-excluded",
@@ -127,31 +183,31 @@ CAUSAL_MASK_MISTAKES = [
         "diagonal-excluded",
         "the diagonal is excluded: no token may attend to itself",
         DIAGONAL_HINT,
-        _mask_mutant(lambda T, S: _ones(T, S).tril(diagonal=-1)),
+        _mask_mutant(lambda T, S: _ones(T, S).tril(diagonal=-1), offset=lambda T, S: 0),
     ),
     Mistake(
         "mask-polarity",
         "the mask's polarity is inverted (True where attention is blocked)",
         POLARITY_HINT,
-        _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=S - T + 1)),
+        _inverted_polarity,
     ),
     Mistake(
         "mask-polarity",
         "the mask's polarity is inverted (True where attention is blocked)",
         POLARITY_HINT,
-        _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=1)),
+        _mask_mutant(lambda T, S: _ones(T, S).triu(diagonal=1), offset=lambda T, S: 0),
     ),
     Mistake(
         "top-left-aligned",
         "with S > T the mask is aligned top-left instead of bottom-right",
         TOP_LEFT_HINT,
-        _mask_mutant(lambda T, S: _ones(T, S).tril()),
+        _mask_mutant(lambda T, S: _ones(T, S).tril(), offset=lambda T, S: 0),
     ),
     Mistake(
         "s-ignored",
         "`S` is ignored: the mask is always (T, T)",
         "With S keys the mask has S columns: use S, and only when it is None use T.",
-        _mask_mutant(lambda T, S: _ones(T, T).tril()),
+        _mask_mutant(lambda T, S: _ones(T, T).tril(), offset=lambda T, S: 0),
     ),
     Mistake(
         "float-mask",
@@ -165,6 +221,32 @@ CAUSAL_MASK_MISTAKES = [
         "an additive mask (0 and -inf) instead of a boolean one",
         "Return booleans, True where attention is allowed: attention_weights turns them into -inf scores itself.",
         _additive_mask,
+    ),
+    Mistake(
+        "window-one-too-wide",
+        "the window is one too wide: each query sees itself and `window` keys before it, window + 1 in all",
+        WINDOW_HINT,
+        _window_mutant(lambda window: window + 1),
+    ),
+    Mistake(
+        "window-one-too-narrow",
+        "the window is one too narrow: each query sees window - 1 keys in all, itself included",
+        WINDOW_HINT,
+        _window_mutant(lambda window: window - 1),
+    ),
+    Mistake(
+        "window-ignored",
+        "`window` is ignored: every query still sees all the keys before it",
+        "With `window` given, turn off the keys more than window - 1 before the query's position: "
+        "`window=2` leaves each query itself and the key just before it.",
+        _window_mutant(None),
+    ),
+    Mistake(
+        "window-top-left",
+        "with S > T the window is measured from the query's index t, not from its position t + S - T",
+        "The T queries are the last T of S positions (as for the triangle): query t sits at position "
+        "t + S - T, and its window is the keys t + S - T - window + 1 .. t + S - T.",
+        _window_mutant(top_left=True),
     ),
 ]
 

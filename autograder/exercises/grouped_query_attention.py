@@ -1,7 +1,7 @@
-"""Notebook 05: kv_head_index, repeat_kv, GroupedQueryAttention, kv_cache_bytes.
+"""Notebook 05: kv_head_index, repeat_kv, GroupedQueryAttention, kv_cache_bytes, mla_cache_bytes.
 
 Tolerances:
-* kv_head_index and kv_cache_bytes return whole numbers: they must be exact
+* kv_head_index, kv_cache_bytes and mla_cache_bytes return whole numbers: they must be exact
   (``close`` compares integers exactly; a float such as 3.0 for 3 passes).
   kv_head_index's atol of 1e-9 only matters when comparing a learner's
   fractional answer (13 / 4 = 3.25) with the "not rounded down" mutant, which
@@ -349,6 +349,71 @@ KV_CACHE_BYTES_MISTAKES = [
 ]
 
 
+# ---------------------------------------------------------------- mla_cache_bytes
+
+# DeepSeek-V2 (DeepSeek-AI, 2024): 60 layers; per layer and token a latent of d_c = 512 and a
+# decoupled RoPE key of d_h^R = 64. The other shapes vary the two widths apart, so that a cache
+# that drops the RoPE key, or doubles it, differs on every case.
+DEEPSEEK_V2_MLA = (60, 512, 64)
+
+
+def mla_cache_bytes_cases(ref):
+    yield Case("DeepSeek-V2 (60 layers, latent 512, RoPE key 64), one token, float16", (*DEEPSEEK_V2_MLA, 1))
+    yield Case("DeepSeek-V2, 8192 tokens, float16", (*DEEPSEEK_V2_MLA, 8192))
+    yield Case("DeepSeek-V2, 4096 tokens, batch 4, float32", (*DEEPSEEK_V2_MLA, 4096, 4, 4))
+    yield Case(
+        "DeepSeek-V2, 1024 tokens, batch 8, 8-bit", (*DEEPSEEK_V2_MLA, 1024), {"batch_size": 8, "bytes_per_value": 1}
+    )
+    yield Case("12 layers, latent 256, RoPE key 32, 2048 tokens, float32", (12, 256, 32, 2048), {"bytes_per_value": 4})
+    yield Case("one layer, latent 4, RoPE key 2, 3 tokens, batch 2", (1, 4, 2, 3), {"batch_size": 2})
+    yield Case("one layer, latent 7, RoPE key 5, one token, 8-bit", (1, 7, 5, 1), {"bytes_per_value": 1})
+
+
+def _mla_factor_2(ref):
+    def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+        return 2 * n_layers * (latent_dim + rope_dim) * seq_len * batch_size * bytes_per_value
+
+    return mla_cache_bytes
+
+
+def _mla_rope_key_missing(ref):
+    def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+        return n_layers * latent_dim * seq_len * batch_size * bytes_per_value
+
+    return mla_cache_bytes
+
+
+def _mla_counts_values(ref):
+    def mla_cache_bytes(n_layers, latent_dim, rope_dim, seq_len, batch_size=1, bytes_per_value=2):
+        return n_layers * (latent_dim + rope_dim) * seq_len * batch_size
+
+    return mla_cache_bytes
+
+
+MLA_CACHE_BYTES_MISTAKES = [
+    Mistake(
+        "mla-cache-factor-2",
+        "the latent and the RoPE key are counted twice, as if keys and values were cached apart",
+        "MLA caches one latent per layer and token, from which both the keys and the values are made, and one "
+        "RoPE key shared by the heads: (latent_dim + rope_dim) numbers, with no factor 2.",
+        _mla_factor_2,
+    ),
+    Mistake(
+        "mla-cache-rope-key-missing",
+        "the decoupled RoPE key is left out: only the latent is counted",
+        "RoPE cannot be applied to keys made from the latent (a rotation between query and key cannot be folded "
+        "into the query), so each layer caches a small RoPE key beside the latent: latent_dim + rope_dim numbers.",
+        _mla_rope_key_missing,
+    ),
+    Mistake(
+        "mla-cache-counts-values",
+        "the result counts numbers, not bytes",
+        "Multiply the number of stored values by bytes_per_value (2 for float16, 4 for float32).",
+        _mla_counts_values,
+    ),
+]
+
+
 EXERCISES = {
     "kv_head_index": Exercise(
         "kv_head_index", kv_head_index_cases, atol=1e-9, rtol=0.0, mistakes=KV_HEAD_INDEX_MISTAKES
@@ -375,5 +440,8 @@ EXERCISES = {
     ),
     "kv_cache_bytes": Exercise(
         "kv_cache_bytes", kv_cache_bytes_cases, atol=0.0, rtol=0.0, mistakes=KV_CACHE_BYTES_MISTAKES
+    ),
+    "mla_cache_bytes": Exercise(
+        "mla_cache_bytes", mla_cache_bytes_cases, atol=0.0, rtol=0.0, mistakes=MLA_CACHE_BYTES_MISTAKES
     ),
 }

@@ -1,4 +1,4 @@
-"""Notebook 08: KVCache, attend_with_cache, forward_cached, generate_cached.
+"""Notebook 08: KVCache, attend_with_cache, forward_cached, generate_cached, RollingKVCache.
 
 Each case is a short script run on a fresh cache (a generation in miniature: a
 prompt, then single tokens, sometimes a chunk), and its result is everything
@@ -8,7 +8,7 @@ of unrotated keys, shows).
 
 Tolerances:
 
-* ``KVCache`` only stores and concatenates the tensors it is given: exact.
+* ``KVCache`` and ``RollingKVCache`` only store, concatenate and copy the tensors they are given: exact.
 * ``attend_with_cache`` is one attention layer in float32, compared with the
   reference's: a different order of sums (einsum, sdpa, float64 inside) moves
   outputs of order 1 by about 1e-7; 1e-5 leaves room for that, and every
@@ -612,6 +612,140 @@ GENERATE_MISTAKES = [
 ]
 
 
+# ---------------------------------------------------------------- RollingKVCache
+
+
+def _rolling_steps(g, window, n_layers, B, G, Dh, chunks, buffers_every=True):
+    """Updates of every layer chunk by chunk; after each chunk the length and, once every slot is written (a slot
+    not written yet holds whatever the buffer was made with), every layer's buffers."""
+    steps, written = [("length",)], 0
+    for T in chunks:
+        for layer in range(n_layers):
+            steps.append(
+                ("update", layer, torch.randn(B, G, T, Dh, generator=g), torch.randn(B, G, T, Dh, generator=g))
+            )
+        written += T
+        steps.append(("length",))
+        if buffers_every and written >= window:
+            steps += [("buffers", layer) for layer in range(n_layers)]
+    return tuple(steps)
+
+
+def rolling_cache_cases(ref):
+    g = _generator(805)
+    yield CacheScript(
+        "window 4, 1 layer: 7 single positions (B=1, G=1, Dh=2)",
+        steps=_rolling_steps(g, 4, 1, 1, 1, 2, [1] * 7),
+        init_args=(4,),
+    )
+    yield CacheScript(
+        "window 5, 2 layers: a prompt of 3, 4 single positions, then a chunk of 2 (B=2, G=2, Dh=4)",
+        steps=_rolling_steps(g, 5, 2, 2, 2, 4, [3, 1, 1, 1, 1, 2]),
+        init_args=(5,),
+    )
+    yield CacheScript(
+        "window 3, 2 layers: a prompt of 7 (longer than the window), then 2 single positions (B=2, G=1, Dh=3)",
+        steps=_rolling_steps(g, 3, 2, 2, 1, 3, [7, 1, 1]),
+        init_args=(3,),
+    )
+    yield CacheScript(
+        "window 1, 1 layer: a prompt of 2, then 2 single positions (B=1, G=2, Dh=2)",
+        steps=_rolling_steps(g, 1, 1, 1, 2, 2, [2, 1, 1]),
+        init_args=(1,),
+    )
+    yield CacheScript(
+        "window 4, 3 layers: 2 single positions, a chunk of 3, then 4 single positions (B=1, G=2, Dh=2)",
+        steps=_rolling_steps(g, 4, 3, 1, 2, 2, [1, 1, 3, 1, 1, 1, 1], buffers_every=False) + (("buffers", 2),),
+        init_args=(4,),
+    )
+
+
+def _rolling_with(slot_of="position", returned="oldest-first", length="written", shifts=False):
+    """A RollingKVCache built from its parts, as the mistaken code would do it."""
+
+    def mutant(ref):
+        class RollingKVCache:
+            def __init__(self, window):
+                self.window, self.keys, self.values, self.written = window, {}, {}, {}
+
+            def update(self, layer, k, v):
+                W = self.window
+                start = self.written.get(layer, 0)
+                end = start + k.shape[2]
+                self.written[layer] = end
+                if shifts:  # the window kept oldest first by concatenating and cropping
+                    if layer in self.keys:
+                        k, v = torch.cat([self.keys[layer], k], dim=2), torch.cat([self.values[layer], v], dim=2)
+                    self.keys[layer], self.values[layer] = k[:, :, -W:], v[:, :, -W:]
+                    return self.keys[layer], self.values[layer]
+                if layer not in self.keys:
+                    B, G, _, Dh = k.shape
+                    self.keys[layer], self.values[layer] = k.new_zeros(B, G, W, Dh), v.new_zeros(B, G, W, Dh)
+                first = max(start, end - W)
+                positions = (
+                    torch.arange(first, end) if slot_of == "position" else torch.arange(first - start, end - start)
+                )
+                self.keys[layer][:, :, positions % W] = k[:, :, first - start :]
+                self.values[layer][:, :, positions % W] = v[:, :, first - start :]
+                if returned == "slots":  # the buffer as it is stored
+                    order = torch.arange(min(end, W))
+                elif returned == "every-slot":  # unwritten slots too, before the window fills
+                    order = torch.arange(end - W, end) % W
+                else:
+                    order = torch.arange(max(0, end - W), end) % W
+                return self.keys[layer][:, :, order], self.values[layer][:, :, order]
+
+            @property
+            def length(self):
+                written = next(iter(self.written.values()), 0)
+                return min(written, self.window) if length == "window" else written
+
+        return RollingKVCache
+
+    return mutant
+
+
+ROLLING_CACHE_MISTAKES = [
+    Mistake(
+        "rolling-buffer-shifted",
+        "the window is kept oldest first by shifting it, not written into slot i % window",
+        "A rolling buffer never moves what it holds: write position i into slot i % window (over the position "
+        "window places before it) and leave the other slots alone. Concatenating and cropping copies the whole "
+        "window at every step; read the slots oldest first only when update returns them.",
+        _rolling_with(shifts=True),
+    ),
+    Mistake(
+        "rolling-returns-slot-order",
+        "update returns the buffer in slot order, not the positions oldest first",
+        "Once the buffer has wrapped, slot order is not position order. Return the slots of positions "
+        "length - S .. length - 1, in that order (torch.arange(max(0, end - window), end) % window): the newest "
+        "positions last, as the bottom-right causal_mask(T_new, S) expects.",
+        _rolling_with(returned="slots"),
+    ),
+    Mistake(
+        "rolling-length-stops-at-window",
+        "length stops at the window instead of counting every position",
+        "length is where the next token's true position starts (RoPE turns it by that position), so it counts "
+        "every position written, past the window too; only the storage stops at window.",
+        _rolling_with(length="window"),
+    ),
+    Mistake(
+        "rolling-returns-unwritten-slots",
+        "before the window fills, update returns every slot, unwritten ones too",
+        "Return only the positions written so far, min(length, window) of them: an unwritten slot holds zeros, "
+        "a key every query would attend to and a value it would mix in.",
+        _rolling_with(returned="every-slot"),
+    ),
+    Mistake(
+        "rolling-slot-from-chunk-index",
+        "the slot comes from the position's index in the chunk, not from its position in the text",
+        "Position i goes into slot i % window, i counted from the start of the text: the positions already "
+        "written plus the index in the chunk. A single new token is not always slot 0.",
+        _rolling_with(slot_of="chunk"),
+    ),
+]
+
+
 EXERCISES = {
     "KVCache": Exercise("KVCache", kv_cache_cases, atol=0.0, rtol=0.0, mistakes=KV_CACHE_MISTAKES),
     "attend_with_cache": Exercise(
@@ -638,5 +772,8 @@ EXERCISES = {
         depends_on=("KVCache", "attend_with_cache", "forward_cached"),
         mistakes=GENERATE_MISTAKES,
         properties=(Property(_one_token_per_pass, _recomputes_reading, counted="embedded"),),
+    ),
+    "RollingKVCache": Exercise(
+        "RollingKVCache", rolling_cache_cases, atol=0.0, rtol=0.0, mistakes=ROLLING_CACHE_MISTAKES
     ),
 }
