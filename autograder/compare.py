@@ -21,7 +21,7 @@ import torch
 from course_checks import trusted
 from course_checks.cases import Case
 
-from .exercises.catalogue import Exercise, Mistake
+from .exercises.catalogue import Exercise, ForReview, Mistake
 from .messages import tagged
 
 
@@ -171,15 +171,20 @@ def disagreement(exercise: Exercise, cases, outputs, expected, ref, predict=None
     )
 
 
-def property_problem(exercise: Exercise, probes, seen, ref) -> str | None:
+def property_problem(exercise: Exercise, probes, seen, ref, notes: list | None = None) -> str | None:
     """The first problem the exercise's properties read in what their probes saw (``seen``, in
-    the probes' order; fewer when the probes stopped early), or None."""
+    the probes' order; fewer when the probes stopped early), or None. A reading that asks only for
+    a human's look (``ForReview``) costs nothing: it goes to ``notes``."""
     target = exercise.target or exercise.name
     for prop, probe, observation in zip(exercise.properties, probes, seen):
         try:
             message = prop.reading(observation, probe, ref)
         except Exception as error:  # what a probe reports comes from the learner's kernel: it may be anything
             message = f"`{target}`: what the check saw could not be read ({type(error).__name__})."
+        if isinstance(message, ForReview):
+            if notes is not None:
+                notes.append(str(message))
+            continue
         if message:
             return message
     return None

@@ -21,6 +21,12 @@ SUSPICIOUS_CODE = "suspicious-code"
 PATCHED_FUNCTIONS = "patched-functions"
 FORGED_METADATA = "grading-metadata-forged"
 CHECKS_MISSING = "hidden-checks-missing"
+# a check's invocation broken into: a result from outside it (another connection, another caller),
+# a message out of its order, or a check stopped in a cell that then reported no error (worker.judge)
+CHECK_INTERFERED = "hidden-check-interfered"
+# a property that could be observed only inside the notebook's kernel (where it could be forged), so it
+# decided no points: e.g. 08's forward passes made without the substitutes the grader counts
+OBSERVED_IN_KERNEL = "observed-in-kernel"
 WRONG_FILE_NAME = "wrong-file-name"
 # a test cell whose outputs would score differently by nbgrader's own rule (its first execute_result, a
 # number read as points, stderr) than its checks' verdicts do: the verdicts count (worker.verdicts)
@@ -36,6 +42,8 @@ REVIEW_FLAGS = frozenset(
         PATCHED_FUNCTIONS,
         FORGED_METADATA,
         CHECKS_MISSING,
+        CHECK_INTERFERED,
+        OBSERVED_IN_KERNEL,
         WRONG_FILE_NAME,
         OUTPUTS_DISAGREE,
         GRADING_FAILED,

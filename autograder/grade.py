@@ -139,6 +139,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["export"]:
         return export(argv[1:])
     args = parse_args(argv)
+    from .engine.collect import printable_lines
     from .engine.plan import (
         check_outputs,
         choose_runner,
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     quiet_library_warnings()
     # nbgrader runs tools such as alembic by name: this interpreter's scripts come first.
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
-    say = (lambda text: print(text, file=sys.stderr)) if not args.quiet else (lambda text: None)
+    # what a submission named (a file, a folder) may hold terminal control sequences: never printed raw
+    say = (lambda text: print(printable_lines(text), file=sys.stderr)) if not args.quiet else (lambda text: None)
     for stream in (sys.stdout, sys.stderr):  # a file name that is not valid text still prints
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -186,7 +188,7 @@ def main(argv=None) -> int:
 
 
 def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) -> int:
-    from .engine.collect import collect
+    from .engine.collect import collect, printable_lines
     from .engine.plan import output_paths, plan_jobs
     from .engine.report import export_csv, summary, write_report  # matplotlib: imported as the run ends
     from .engine.runs import trace
@@ -243,16 +245,18 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
         seconds = time.monotonic() - started
         record_run(course, graded, seconds)
         print(
-            summary(
-                course,
-                rows,
-                ledger_summaries=ledger.summaries(),
-                graded_now=graded.results,
-                skipped=plan.skipped,
-                problems=graded.problems + collection.messages,
-                seconds=seconds,
-                csv_path=csv_path,
-                report_path=report_path,
+            printable_lines(
+                summary(
+                    course,
+                    rows,
+                    ledger_summaries=ledger.summaries(),
+                    graded_now=graded.results,
+                    skipped=plan.skipped,
+                    problems=graded.problems + collection.messages,
+                    seconds=seconds,
+                    csv_path=csv_path,
+                    report_path=report_path,
+                )
             )
         )
         return 1 if graded.problems or collection.messages else 0

@@ -38,6 +38,14 @@ def tampering_message(tampered: Sequence[str]) -> str:
     )
 
 
+def interference_message(name: str, why: str) -> str:
+    return tagged(
+        f"The check of `{name}` was interfered with: the notebook {why}. It gives no points; the "
+        "notebook is flagged for review.",
+        "tampering",
+    )
+
+
 def finish(name: str, problem: str | None) -> str | None:
     """The learner-facing message for a failed check (None when it passed)."""
     if not problem:

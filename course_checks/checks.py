@@ -34,6 +34,7 @@ the test cell no points.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -95,8 +96,13 @@ def after_this_cell(action: Callable[..., None]) -> None:
     shell.events.register("post_run_cell", once)
 
 
+GRADER_MISSING = "this environment lacks the grader package (attention-transformers-grader): install it where you grade"
+
+
 def judge_for(assignment: str):
-    """The judge of this kernel's checks of ``assignment`` (see the module's text), or None."""
+    """The judge of this kernel's checks of ``assignment`` (see the module's text), or None; or
+    ``GRADER_MISSING`` when nbgrader autogrades next to ``solutions/`` without the grader package
+    (the instructor's own run, in an environment set up for students)."""
     if _REMOTE is not None:
         return _REMOTE
     solutions = course.solutions_root(assignment)
@@ -105,17 +111,18 @@ def judge_for(assignment: str):
     try:
         from autograder.local_judge import LocalJudge  # the grader package, where grading happens
     except ImportError:
-        return None
+        return GRADER_MISSING if os.environ.get("NBGRADER_EXECUTION") == "autograde" else None
     return LocalJudge(solutions)
 
 
-def not_available(assignment: str, name: str) -> Diagnosis:
+def not_available(assignment: str, name: str, message: str | None = None) -> Diagnosis:
     return Diagnosis(
         assignment,
         name,
         passed=False,
         available=False,
-        message=f"The hidden checks of `{name}` run when your instructor grades; they are not part of this notebook.",
+        message=message
+        or f"The hidden checks of `{name}` run when your instructor grades; they are not part of this notebook.",
     )
 
 
@@ -126,8 +133,8 @@ def diagnose(assignment: str, name: str, namespace: dict, judge=None) -> Diagnos
     diagnosis's ``restore`` (done already when the check did not pass).
     """
     judge = judge or judge_for(assignment)
-    if judge is None:
-        return not_available(assignment, name)
+    if judge is None or judge is GRADER_MISSING:
+        return not_available(assignment, name, judge and f"The hidden checks of `{name}` cannot run: {judge}.")
     shipment = judge.begin(assignment, name, _replaced())
     if isinstance(shipment, str):  # refused: tampering, or out of order
         return Diagnosis(assignment, name, passed=False, message=shipment)
@@ -164,7 +171,8 @@ def check(assignment: str, name: str, namespace: dict) -> None:
 
 # Bound now, as the kernel starts (``kernel_boot``): replacing ``trusted.replaced`` or the
 # link's environment variable afterwards changes nothing here (and the first is itself one
-# of the changes the detector reports). Nothing else in the kernel reads the environment.
+# of the changes the detector reports). Nothing else in the kernel reads the link from the environment.
 _replaced = trusted.replaced
 _LINK = verdict.link()
 _REMOTE = proxies.RemoteJudge(_LINK) if _LINK is not None else None
+proxies.register_check(diagnose)  # the one caller whose results a check's connection carries

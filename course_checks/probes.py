@@ -143,11 +143,18 @@ class SameSamples:
             return None
 
 
+# An attribute the grader sets on a model it hands over to be counted: under ``./course grade`` the
+# referee counts the token positions that model's embeddings read in every forward pass it computes
+# for the check's substitutes, outside the kernel (``Property.counted``).
+COUNTED = "counted_by_the_grader"
+
+
 @dataclass
 class EmbeddedPositions:
     """Generate ``new_tokens`` greedily from ``prompt`` with the learner's function, counting the
     token positions ``model.embed`` reads (a forward hook; under ``./course grade`` forward passes
-    made outside are replayed to it): [the tokens it returned (None if it raised), positions]."""
+    made outside are replayed to it, and the referee counts them itself, ``COUNTED``): [the tokens it
+    returned (None if it raised), positions]."""
 
     model: torch.nn.Module = None
     prompt: torch.Tensor = None

@@ -42,7 +42,7 @@ import typing
 import torch
 from torch import nn
 
-from . import verdict
+from . import trusted, verdict
 from .cases import Shipment
 from .modules import module_from_cells
 
@@ -99,8 +99,8 @@ class Given:
     """What one check may use besides the learner's code, by name: the set-up code's objects, and
     substitutes for the reference's answers (made on first use from the grader's descriptions)."""
 
-    def __init__(self, link: verdict.Link, assignment: str, check: str, reply: dict):
-        self._link = link
+    def __init__(self, ask, assignment: str, check: str, reply: dict):
+        self._grader = ask  # the grader's answer to a message (on the check's own connection while it runs)
         self._assignment = assignment
         self._check = check
         self._setup = setup_module(assignment, reply.get("setup") or [])
@@ -158,7 +158,7 @@ class Given:
             message["kwargs"] = verdict.encode(dict(kwargs or {}), 0, budget, codec)
             if rng:
                 message["rng"] = verdict.b64encode(torch.get_rng_state().numpy().tobytes())
-            reply = self._link.ask(message)
+            reply = self._grader(message)
             if "refused" in reply:
                 raise ProxyRefused(str(reply["refused"])[:2000])
             if "error" in reply:
@@ -517,16 +517,30 @@ def unpack(text: str, codec: KernelCodec | None = None):
 
 class RemoteJudge:
     """The grader outside the sandbox, as ``checks`` sees a judge (the other one is
-    ``autograder.local_judge``, inside the kernel)."""
+    ``autograder.local_judge``, inside the kernel).
+
+    Each check runs as one invocation on a connection of its own (``verdict.Link.open``): its
+    begin, its substitutes' calls, its result and its end, in order, each with the token the
+    grader handed out at its begin and the next number (both held in a closure, never in an
+    object or a frame of the check). Only the check helper's ``diagnose``, through ``result`` or
+    ``missing`` here, can send its result (``_invocation``); a call from anywhere else is reported
+    to the grader as interference and ends the check with no points.
+    """
 
     def __init__(self, link: verdict.Link):
         self.link = link
+        self._open: dict = {}  # (assignment, name) -> the check's ``finish``, from its begin to its result
 
     def begin(self, assignment: str, name: str, tampered) -> Shipment | str:
-        reply = self.link.begin(assignment, name, tampered)
-        if reply.get("message"):
-            return str(reply["message"])
-        given = Given(self.link, assignment, name, reply)
+        stale = self._open.pop((assignment, name), None)
+        if stale is not None:  # begun before and stopped: its connection goes
+            stale[1]()
+        reply, ask, finish, close = _invocation(self.link, assignment, name, tampered)
+        if finish is None or reply.get("message"):
+            close()
+            return str(reply.get("message") or "The grader did not begin this check.")
+        self._open[(assignment, name)] = (finish, close)
+        given = Given(ask, assignment, name, reply)
         codec = KernelCodec(given)
         return Shipment(
             target=str(reply["target"]),
@@ -537,7 +551,76 @@ class RemoteJudge:
         )
 
     def result(self, assignment: str, name: str, problem, outputs, tampered, observations=()) -> str | None:
-        return self.link.result(assignment, name, problem, outputs, tampered, observations)
+        finish = self._open.pop((assignment, name), (None,))[0]
+        if finish is None:
+            return f"The check of `{name}` was interfered with (or never began); it gives no points."
+        return finish(verdict.Link.result(assignment, name, problem, outputs, tampered, observations)).get("message")
 
     def missing(self, assignment: str, name: str, message: str, tampered) -> str:
-        return self.link.missing(assignment, name, message, tampered)
+        finish = self._open.pop((assignment, name), (None,))[0]
+        if finish is None:
+            return message
+        reply = finish(
+            {"op": "missing", "assignment": assignment, "name": name, "problem": message, "tampered": list(tampered)}
+        )
+        return reply.get("message") or message
+
+
+# The code of the check helper (``checks.diagnose``), registered once by ``checks`` as it is imported
+# (before the seal): the only caller whose result a check's connection carries.
+_CHECKS: frozenset = frozenset()
+_getframe = sys._getframe
+_replaced = trusted.replaced
+
+
+def register_check(*functions) -> None:
+    global _CHECKS
+    if not _CHECKS:
+        _CHECKS = frozenset(function.__code__ for function in functions)
+
+
+def _invocation(link: verdict.Link, assignment: str, name: str, tampered) -> tuple:
+    """Begin a check: (the grader's reply, ``ask`` for its substitutes' calls, ``finish`` for its
+    result and end, or None when the grader refused it, ``close`` for its connection)."""
+    reply, send, close = link.open(assignment, name, tampered)
+    if send is None:
+        return reply, link.ask, None, close
+    running = [True]
+
+    def ask(message: dict) -> dict:
+        """A substitute's call: on the check's connection while it runs, on one of its own after."""
+        if not running[0]:
+            return link.ask(message)
+        if message.get("op") not in _PROXY_OPS:
+            raise ProtocolError("a substitute asks only for calls")
+        try:
+            return send(message)
+        except (OSError, verdict.ConnectionClosed):
+            running[0] = False
+            close()
+            raise ProxyRefused(
+                f"the grader ended the check of `{name}`: `{message.get('target')}` stands for the reference "
+                "only while the check that handed it over runs, in its own test cell."
+            ) from None
+
+    def finish(message: dict) -> dict:
+        """The check's result (or "missing"), then its end; from ``diagnose`` through ``RemoteJudge`` only."""
+        caller, check = _getframe(1).f_code, _getframe(2).f_code
+        if not running[0]:  # its result came already, from elsewhere: the grader ended it
+            return {"message": f"The check of `{name}` was interfered with; it gives no points."}
+        running[0] = False
+        try:
+            if caller not in _FINISHERS or check not in _CHECKS:
+                send({"op": "interfered", "why": f"from `{check.co_qualname[:60]}`"})
+                raise ProtocolError("a check's result comes from the check itself")
+            reply = send(message)
+            send({"op": "end", "tampered": _replaced()})
+            return reply
+        finally:
+            close()
+
+    return reply, ask, finish, close
+
+
+_PROXY_OPS = frozenset(("call", "forward", "construct", "method", "getattr", "setattr"))
+_FINISHERS = frozenset((RemoteJudge.result.__code__, RemoteJudge.missing.__code__))

@@ -44,7 +44,7 @@ from pathlib import Path
 from IPython.display import Markdown, display
 
 from . import checks, course
-from .checks import Diagnosis, diagnose, judge_for
+from .checks import GRADER_MISSING, Diagnosis, diagnose, judge_for
 from .compat import show_error
 from .files import write_atomically
 
@@ -61,7 +61,7 @@ def grading() -> bool:
 
 def self_study(assignment: str) -> bool:
     """Self-study mode: the reference notebook of ``assignment`` is at hand, and a judge to use it."""
-    return judge_for(assignment) is not None
+    return judge_for(assignment) not in (None, GRADER_MISSING)
 
 
 # ---------------------------------------------------------------- the progress file

@@ -36,6 +36,7 @@ import math
 import os
 import re
 import types
+from _thread import allocate_lock as _Lock
 from typing import NamedTuple
 
 ENVIRONMENT = "AUTOGRADER_VERDICTS"
@@ -80,6 +81,10 @@ def expected_checks(source: str) -> list[tuple[str, str]]:
 
 class ProtocolError(ValueError):
     """A message that does not follow the protocol (from a broken or hostile notebook)."""
+
+
+class ConnectionClosed(ProtocolError):
+    """The other end closed the connection (the grader ends a check whose cell is over)."""
 
 
 # ---------------------------------------------------------------- JSON, bound
@@ -499,68 +504,105 @@ def write_line(stream, message: dict) -> None:
 # ---------------------------------------------------------------- the kernel's side
 
 
+def _receive(connection) -> dict:
+    """The grader's reply: one line, which ends the last chunk it sends before it waits again."""
+    chunks, size = [], 0
+    while True:
+        chunk = connection.recv(1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_MESSAGE + 1:
+            raise ProtocolError("message too large")
+        if chunk.endswith(b"\n"):
+            break
+    if not chunks:
+        raise ConnectionClosed("connection closed")
+    return parse_line(b"".join(chunks))
+
+
+def _line(message: dict) -> bytes:
+    data = dumps(message) + b"\n"
+    if len(data) > MAX_MESSAGE:
+        raise ProtocolError("message too large")
+    return data
+
+
+def _invocation(connection, token: str):
+    """``send(message) -> reply`` on a check's own connection, each message with the check's token
+    and the next number, one at a time (the token and the count live here only)."""
+    count = [0]
+    lock = _Lock()
+
+    def send(message: dict) -> dict:
+        with lock:
+            count[0] += 1
+            connection.sendall(_line({**message, "invocation": token, "seq": count[0]}))
+            return _receive(connection)
+
+    return send
+
+
 class Link(NamedTuple):
-    """The kernel's end: one short connection per request, to the socket at ``path`` (fixed
-    when the kernel starts)."""
+    """The kernel's end, to the socket at ``path`` (fixed when the kernel starts): a short
+    connection per request, or a check's own connection from its begin to its end (``open``)."""
 
     path: str
 
-    def ask(self, message: dict) -> dict:
-        data = dumps(message) + b"\n"
-        if len(data) > MAX_MESSAGE:
-            raise ProtocolError("message too large")
+    def _connect(self):
         connection = _Socket(_AF_UNIX, _SOCK_STREAM)
         try:
             connection.connect(self.path)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def ask(self, message: dict) -> dict:
+        data = _line(message)
+        connection = self._connect()
+        try:
             connection.sendall(data)
-            chunks, size = [], 0
-            while True:
-                chunk = connection.recv(1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_MESSAGE + 1:
-                    raise ProtocolError("message too large")
-                if chunk.endswith(b"\n"):
-                    break
+            return _receive(connection)
         finally:
             connection.close()
-        if not chunks:
-            raise ProtocolError("connection closed")
-        return parse_line(b"".join(chunks))
 
-    def begin(self, assignment: str, name: str, tampered) -> dict:
-        """The grader's reply to a check's start: a refusal (``message``) or what to observe."""
-        return self.ask({"op": "begin", "assignment": assignment, "name": name, "tampered": list(tampered)})
+    def open(self, assignment: str, name: str, tampered) -> tuple:
+        """Begin a check on a connection of its own: (the grader's reply, ``send`` for the rest of
+        the check's messages or None when it refused, ``close``)."""
+        data = _line({"op": "begin", "assignment": assignment, "name": name, "tampered": list(tampered)})
+        connection = self._connect()
+        try:
+            connection.sendall(data)
+            reply = _receive(connection)
+            token = reply.pop("invocation", None)
+        except BaseException:
+            connection.close()
+            raise
+        if not isinstance(token, str):
+            connection.close()
+            return reply, None, connection.close
+        return reply, _invocation(connection, token), connection.close
 
-    def result(self, assignment: str, name: str, problem, outputs, tampered, observations=()) -> str | None:
-        """The grader's message for the learner, or None when the check passed."""
+    @staticmethod
+    def result(assignment: str, name: str, problem, outputs, tampered, observations=()) -> dict:
+        """What a check sends once it has observed: the outputs and what its probes saw, as data."""
         try:
             encoded = [encode(output) for output in outputs]
             seen = [encode(observation) for observation in observations]
         except ProtocolError as error:
             problem, encoded = problem or f"`{name}` returned something that cannot be checked ({error}).", []
             seen = []
-        reply = self.ask(
-            {
-                "op": "result",
-                "assignment": assignment,
-                "name": name,
-                "problem": problem,
-                "outputs": encoded,
-                "observations": seen,
-                "tampered": list(tampered),
-            }
-        )
-        return reply.get("message")
-
-    def missing(self, assignment: str, name: str, message: str, tampered) -> str:
-        """Tell the grader the learner's object is not defined; its message for the learner."""
-        reply = self.ask(
-            {"op": "missing", "assignment": assignment, "name": name, "problem": message, "tampered": list(tampered)}
-        )
-        return reply.get("message") or message
+        return {
+            "op": "result",
+            "assignment": assignment,
+            "name": name,
+            "problem": problem,
+            "outputs": encoded,
+            "observations": seen,
+            "tampered": list(tampered),
+        }
 
 
 def link() -> Link | None:

@@ -53,16 +53,21 @@ def fill(text: str, course: Course) -> str:
     return text.replace("{course}", str(course.root)).replace("{repository}", str(REPOSITORY))
 
 
+def assignment_of(entry: dict) -> str:
+    """The assignment an entry submits (notebook 01 unless it says another)."""
+    return entry.get("assignment", ASSIGNMENT)
+
+
 def submit(course: Course, entry: dict) -> Path:
     """Write the submission ``entry`` describes for student ``entry['id']``."""
-    student = entry["id"]
-    folder = course.submission_path(student, ASSIGNMENT).parent
+    student, assignment = entry["id"], assignment_of(entry)
+    folder = course.submission_path(student, assignment).parent
     if entry.get("no_notebook"):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "notes.txt").write_text("I could not finish.\n")
         return folder
     if "raw" in entry:
-        path = course.submission_path(student, ASSIGNMENT)
+        path = course.submission_path(student, assignment)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(entry["raw"], encoding="utf-8")
         return path
@@ -98,7 +103,9 @@ def submit(course: Course, entry: dict) -> Path:
         answers = wrong_answers()
     else:
         answers = {name: fill(source, course) for name, source in (entry.get("answers") or {}).items()}
-    path = course.submit(student, ASSIGNMENT, answers, edit=edit, filename=entry.get("filename"))
+    path = course.submit(student, assignment, answers, edit=edit, filename=entry.get("filename"))
+    for name, content in (entry.get("extra_files") or {}).items():
+        (path.parent / name).write_text(content, encoding="utf-8")
     if entry.get("nbformat") == 3:
         notebook = nbformat.read(path, as_version=4)
         path.write_text(nbformat.writes(nbformat.convert(notebook, 3), version=3), encoding="utf-8")
@@ -161,9 +168,9 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
     from autograder.flags import REVIEW_FLAGS
 
     expect = entry.get("expect", {})
-    student = entry["id"]
-    scores = {cell[len("test_") :]: score for cell, score in course.scores(student, ASSIGNMENT).items()}
-    full = {cell[len("test_") :]: points for cell, points in course.max_scores(ASSIGNMENT).items()}
+    student, assignment = entry["id"], assignment_of(entry)
+    scores = {cell[len("test_") :]: score for cell, score in course.scores(student, assignment).items()}
+    full = {cell[len("test_") :]: points for cell, points in course.max_scores(assignment).items()}
     wanted = (
         {name: 0.0 for name in full}
         if expect.get("all_zero")
@@ -180,7 +187,7 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
         assert not set(summary["flags"]) & REVIEW_FLAGS, summary
     for text in expect.get("messages", []):
         assert any(text in message for message in summary["messages"]), (text, summary["messages"])
-    page = course.feedback_text(student, ASSIGNMENT)
+    page = course.feedback_text(student, assignment)
     for text in expect.get("feedback", []):
         assert fill(text, course) in page, text
     for text in expect.get("feedback_absent", []):
@@ -188,10 +195,10 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
     for relative in expect.get("host_untouched", []):
         assert not (course.root / relative).exists(), relative
     if expect.get("autograded_inert"):
-        live = live_markup(course.autograded(student, ASSIGNMENT))
+        live = live_markup(course.autograded(student, assignment))
         assert not live, live
     if expect.get("autograded_max_mb"):
-        path = course.root / "coursework" / "autograded" / student / ASSIGNMENT / f"{ASSIGNMENT}.ipynb"
+        path = course.root / "coursework" / "autograded" / student / assignment / f"{assignment}.ipynb"
         assert path.stat().st_size < expect["autograded_max_mb"] * 2**20, path.stat().st_size
 
 

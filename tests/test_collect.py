@@ -74,3 +74,45 @@ def test_a_zip_never_replaces_a_different_collected_file_unless_asked(tmp_path):
     assert any("--replace" in m for m in found.messages)
     collect(archive, NOTEBOOKS, None, collector_config(), submitted, tmp_path / "scratch", replace=True)
     assert existing.read_bytes() == notebook_bytes()
+
+
+HOSTILE_NAMES = [
+    "notes\x1b]0;grades are final\x07\x1b[2K.ipynb",  # OSC: sets the terminal's title; then erases the line
+    "\x1b[31mred\x1b[0m.ipynb",  # ANSI colour
+    "cod\u202egnp.yppy.ipynb",  # a right-to-left override: the name reads backwards from there
+    "a\u2066isolate\u2069\u200b.ipynb",  # an isolate and a zero-width space
+    "line\nbreak.ipynb",
+]
+
+
+def test_names_the_grade_command_prints_have_their_control_characters_escaped(tmp_path):
+    """A submitted file or folder whose name holds ANSI or OSC sequences, bidirectional overrides or a
+    line break: every message naming it shows the characters escaped, never raw (the CSV and the report
+    escape them their own way)."""
+    from autograder.engine.collect import printable_lines
+
+    folder = tmp_path / "submitted" / "alice" / "01_attention"
+    folder.mkdir(parents=True)
+    (folder / "01_attention.ipynb").write_bytes(notebook_bytes())
+    for name in HOSTILE_NAMES:
+        (folder / name).write_bytes(notebook_bytes())
+    (tmp_path / "submitted" / "alice" / "\x1b[2J\u202eassignment").mkdir()
+    found = collect(tmp_path / "submitted", NOTEBOOKS, None, collector_config(), tmp_path / "x", tmp_path / "s")
+    assert [s.student for s in found.submissions] == ["alice"]
+    assert len(found.messages) == len(HOSTILE_NAMES) + 1, found.messages
+    for message in found.messages:
+        assert message.isprintable(), message
+    text = "\n".join(found.messages)
+    for shown in (r"notes\x1b]0;grades are final\x07\x1b[2K.ipynb", r"cod\u202egnp", r"line\nbreak", r"\x1b[2J"):
+        assert shown in text, shown
+    printed = printable_lines("one\x1b[2K line\nand \u202eanother\tone")
+    assert printed == "one\\x1b[2K line\nand \\u202eanother\tone"
+
+
+def test_the_watch_screen_escapes_what_a_submission_named():
+    """``./course grade --watch`` shows one line per event, whose text may name a submitted file."""
+    from autograder.engine.watch import Event, line
+
+    event = Event(0.0, "alice", "01_attention", "could not be graded (notes\x1b]0;pwned\x07\u202e.ipynb)")
+    shown = line(event)
+    assert shown.isprintable() and r"notes\x1b]0;pwned\x07\u202e.ipynb" in shown

@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 from browser_harness import CHROMIUM
 from grading_harness import UNTOUCHED, Course, grade, grade_cells, sandbox_works
-from hostile_submissions import ASSIGNMENT, load_catalogue, submit_all, verify
+from hostile_submissions import ASSIGNMENT, assignment_of, load_catalogue, submit_all, verify
 
 from autograder.flags import REVIEW_FLAGS
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-CATALOGUE = load_catalogue()
+EVERY_ENTRY = load_catalogue()
+CATALOGUE = [entry for entry in EVERY_ENTRY if not entry.get("separate_run")]
+SEPARATE = [entry for entry in EVERY_ENTRY if entry.get("separate_run")]
 LIMITS = ("--cell-timeout", "5", "--notebook-timeout", "120")  # short, so hanging fixtures cost seconds
 NO_MAX_SOFTMAX = "def softmax(x, dim=-1):\n    e = torch.exp(x)\n    return e / e.sum(dim=dim, keepdim=True)\n"
 
@@ -85,7 +87,7 @@ class TestHostileClass:
     @classmethod
     def run(cls, tmp_path_factory, course_template):
         course = copy_course(course_template, tmp_path_factory.mktemp("hostile") / "course")
-        submit_all(course)
+        submit_all(course, only=lambda entry: not entry.get("separate_run"))
         course.submit("reference", ASSIGNMENT)
         course.submit("reference", "00_start_here")
         course.submit("one-mistake", ASSIGNMENT, {"softmax": NO_MAX_SOFTMAX})
@@ -233,6 +235,48 @@ class TestHostileClass:
         assert "Graded 2 notebook(s)" in third.stdout, third.stdout
         assert self.scores(course, "one-mistake") == self.full(course)
         assert course.scores("late-joiner", "00_start_here") == course.max_scores("00_start_here")
+
+
+# ---------------------------------------------------------------- entries graded in a run of their own
+
+CONTROL_CHARACTERS = ("\x1b", "\x07", "\u202e", "\u2066", "\u2069")
+
+
+class TestSeparateRun:
+    """The catalogue's ``separate_run`` entries, graded through the real command among a correct class with
+    the default limits (a call of about 60 MB each way takes seconds on a busy machine: more than the
+    hostile class's 5 s cells) and a submission folder whose extra notebooks' names carry terminal control
+    sequences (the run then ends with 1, for the files it skipped)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def run(cls, tmp_path_factory, course_template):
+        course = copy_course(course_template, tmp_path_factory.mktemp("separate") / "course")
+        submit_all(course, only=lambda entry: entry.get("separate_run"))
+        course.submit("reference", ASSIGNMENT)
+        course.submit("one-mistake", ASSIGNMENT, {"softmax": NO_MAX_SOFTMAX})
+        return course, grade(course.root)
+
+    @pytest.mark.parametrize("entry", SEPARATE, ids=[e["id"] for e in SEPARATE])
+    def test_separate_entry(self, run, entry):
+        course, _ = run
+        verify(course, entry, ledger(course)[(entry["id"], assignment_of(entry))])
+
+    def test_the_others_are_unaffected(self, run):
+        course, _ = run
+        full = course.max_scores(ASSIGNMENT)
+        assert course.scores("reference", ASSIGNMENT) == full
+        assert course.scores("one-mistake", ASSIGNMENT) == {**full, "test_softmax": 0.0}
+
+    def test_no_control_character_of_a_submitted_name_reaches_the_terminal(self, run):
+        """What the command printed names each skipped notebook, its control characters escaped."""
+        _, result = run
+        assert result.returncode == 1, result.stderr[-3000:] + result.stdout[-3000:]
+        printed = result.stdout + result.stderr
+        for character in CONTROL_CHARACTERS:
+            assert character not in printed, repr(character)
+        for shown in (r"notes\x1b]0;all grades are final\x07\x1b[2K.ipynb", r"report\u202egnp.ipynb", r"\u2066"):
+            assert shown in printed, (shown, printed[-3000:])
 
 
 # ---------------------------------------------------------------- a student after a hostile one

@@ -135,7 +135,8 @@ def test_a_substitute_answers_only_while_its_check_runs(kernel):
 
 
 def test_a_substitute_waits_for_its_exercises_own_verdict(kernel):
-    """Begun but not finished (the learner's code holds its result back): its substitute is refused."""
+    """Begun but not finished (the learner's code stopped its check before its result): its
+    substitute is refused."""
     server, remote = kernel
     server.new_kernel()
     server.expected["test_uses"] = [(ASSIGNMENT, "double"), (ASSIGNMENT, "uses")]
@@ -143,12 +144,13 @@ def test_a_substitute_waits_for_its_exercises_own_verdict(kernel):
         server.done.add(name)
         server.checked.add(name)
     server.start_cell("test_uses")
-    assert not isinstance(remote.begin(ASSIGNMENT, "double", []), str)
+    reply, send, close = verdict.Link(server.path).open(ASSIGNMENT, "double", [])
+    assert send is not None and "cases" in reply
+    close()  # stopped: no result, no end
     substitutes = remote.begin(ASSIGNMENT, "uses", []).given
     with pytest.raises(proxies.ProxyRefused, match="only once its own check has run"):
         substitutes.double(3)
-    remote.result(ASSIGNMENT, "double", None, [verdict.encode(torch.arange(3.0) * 2)], [])
-    assert substitutes.double(3) == 6
+    assert not server.cell_verdicts("test_uses")[0].finished
 
 
 def test_a_check_its_cell_stopped_counts_as_run(kernel):
@@ -168,19 +170,151 @@ def test_a_check_its_cell_stopped_counts_as_run(kernel):
     assert given(kernel).double(3) == 6
 
 
-def test_a_replayed_check_keeps_its_first_verdict(kernel):
+def _check_double(server, remote, learner) -> checks.Diagnosis:
+    """The check of ``double`` run in its own cell, as a kernel runs it, on ``learner``."""
+    server.start_cell("test_double")
+    try:
+        return checks.diagnose(ASSIGNMENT, "double", {"double": learner}, judge=remote)
+    finally:
+        server.end_cell()
+
+
+def test_a_replayed_check_earns_what_the_replay_verifies_and_never_more_than_a_failure(kernel):
+    """The notebook replayed in a fresh kernel (after a crash) runs its checks again: a failure
+    stays, a pass must be passed again, and a replay stopped before its end earns nothing."""
     server, remote = kernel
     server.end_cell()
-    server.start_cell("test_double")
-    remote.begin(ASSIGNMENT, "double", [])
-    assert "does not match" in remote.result(ASSIGNMENT, "double", None, [verdict.encode(torch.zeros(3))], [])
-    server.end_cell()
-    server.new_kernel()  # the notebook replayed after a crash
-    server.start_cell("test_double")
-    remote.begin(ASSIGNMENT, "double", [])
-    right = [verdict.encode(torch.arange(3.0) * 2)]
-    assert "does not match" in remote.result(ASSIGNMENT, "double", None, right, [])
+    right, wrong = (lambda x: 2 * x), (lambda x: x)
+    assert "does not match" in _check_double(server, remote, wrong).message
+    server.new_kernel()
+    assert "does not match" in _check_double(server, remote, right).message  # its first failure stands
     assert not server.cell_verdicts("test_double")[0].passed
+    server.failed.clear()
+    assert _check_double(server, remote, right).passed
+    server.new_kernel()
+    assert "does not match" in _check_double(server, remote, wrong).message  # a pass before is no credit
+    server.failed.clear()
+    assert _check_double(server, remote, right).passed
+    server.new_kernel()
+    server.start_cell("test_double")
+    assert not isinstance(remote.begin(ASSIGNMENT, "double", []), str)
+    server.end_cell()  # the replay stopped before its result: the pass before does not count
+    assert not server.cell_verdicts("test_double")[0].passed
+
+
+def _caller_local(name: str):
+    """What a learner's code finds by reading its callers' frames: the first local called ``name``."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None and name not in frame.f_locals:
+        frame = frame.f_back
+    return frame.f_locals[name]
+
+
+def test_a_result_on_another_connection_earns_nothing_and_is_noted(kernel):
+    """A wrong ``double`` that, while checked, sends a forged passing result on a connection of its
+    own (and one before the check began): the server reads neither while the check holds its
+    connection, refuses both, notes the interference, and the check fails on its own outputs."""
+    server, remote = kernel
+    server.end_cell()
+    forged = {"op": "result", "assignment": ASSIGNMENT, "name": "double", "problem": None, "tampered": []}
+    forged["outputs"] = [verdict.encode(torch.arange(3.0) * 2)]
+    replies = []
+
+    def forge():
+        replies.append(verdict.Link(server.path).ask(forged))
+
+    def wrong(x):
+        threading.Thread(target=forge).start()
+        return x
+
+    server.start_cell("test_double")
+    forge()  # before the check begins
+    outcome = checks.diagnose(ASSIGNMENT, "double", {"double": wrong}, judge=remote)
+    deadline = time.monotonic() + 20
+    while len(replies) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.end_cell()
+    assert "does not match" in outcome.message
+    assert len(replies) == 2 and all("does not count" in reply["message"] for reply in replies), replies
+    assert not server.cell_verdicts("test_double")[0].passed
+    assert len(server.interference) == 2 and "outside that check" in server.interference[0]
+
+
+@pytest.mark.parametrize("route", ["judge", "finish"])
+def test_a_result_sent_from_the_learners_code_ends_the_check_with_no_points(kernel, route):
+    """A wrong ``double`` that finds the check's judge (or its ``finish``) in its callers' frames and
+    sends a passing result through it: only the check helper itself may send its result, so the
+    check ends as interfered with, no points, and the server notes it."""
+    server, remote = kernel
+    server.end_cell()
+    attempts = []
+
+    def wrong(x):
+        judge = _caller_local("judge")
+        right = [verdict.encode(2 * case.args[0]) for case in _caller_local("cases")]
+        try:
+            if route == "judge":
+                judge.result(ASSIGNMENT, "double", None, right, [])
+            else:
+                judge._open[(ASSIGNMENT, "double")][0](verdict.Link.result(ASSIGNMENT, "double", None, right, []))
+        except verdict.ProtocolError as refused:
+            attempts.append(str(refused))
+        return x
+
+    server.start_cell("test_double")
+    outcome = checks.diagnose(ASSIGNMENT, "double", {"double": wrong}, judge=remote)
+    server.end_cell()
+    assert "interfered" in outcome.message
+    assert attempts == ["a check's result comes from the check itself"]
+    (record,) = server.cell_verdicts("test_double")
+    assert record.finished and not record.passed and "[mistake:tampering]" in record.message
+    assert "interfered" in record.message and "reported its result from outside" in server.interference[0]
+
+
+def test_a_check_stopped_by_the_learners_code_earns_nothing(kernel):
+    """A ``double`` that raises a BaseException of its own while checked (to stop the check after a
+    forged result, say): the check did not reach its end, so it gives nothing."""
+    server, remote = kernel
+    server.end_cell()
+
+    class Stop(BaseException):
+        pass
+
+    def stops(x):
+        raise Stop()
+
+    server.start_cell("test_double")
+    with pytest.raises(Stop):
+        checks.diagnose(ASSIGNMENT, "double", {"double": stops}, judge=remote)
+    server.end_cell()
+    (record,) = server.cell_verdicts("test_double")
+    assert not record.finished and not record.passed
+
+
+def test_a_message_out_of_order_on_the_checks_connection_ends_it(kernel):
+    """The check's connection carries its messages in order, each with its token and the next
+    number: a result with another number (as a notebook writing to the check's socket would send)
+    ends the check as interfered with."""
+    import socket as sockets
+
+    server, _ = kernel
+    server.end_cell()
+    server.start_cell("test_double")
+    with sockets.socket(sockets.AF_UNIX) as connection:
+        connection.connect(server.path)
+        reader = connection.makefile("rb")
+        begin = {"op": "begin", "assignment": ASSIGNMENT, "name": "double", "tampered": []}
+        connection.sendall(verdict.dumps(begin) + b"\n")
+        token = verdict.parse_line(reader.readline())["invocation"]
+        forged = {"op": "result", "assignment": ASSIGNMENT, "name": "double", "problem": None, "tampered": []}
+        forged.update(outputs=[verdict.encode(torch.arange(3.0) * 2)], invocation=token, seq=7)
+        connection.sendall(verdict.dumps(forged) + b"\n")
+        assert "does not count" in verdict.parse_line(reader.readline())["message"]
+    server.end_cell()
+    (record,) = server.cell_verdicts("test_double")
+    assert record.finished and not record.passed and "interfered" in record.message
 
 
 def test_the_referee_is_bounded_in_memory_and_time_and_comes_back(kernel, answers):
@@ -191,6 +325,23 @@ def test_the_referee_is_bounded_in_memory_and_time_and_comes_back(kernel, answer
     with pytest.raises(RuntimeError, match="took longer"):
         ref.slow(30)  # past the server's 20 s
     assert ref.double(2) == 4 and answers.starts == starts + 1  # a fresh referee answers the next call
+
+
+def test_a_call_just_under_the_size_limit_is_answered_within_the_default_cell_limit(kernel, answers):
+    """About 60 MB each way (11 M float32 values as base64, the size limit is 64 MB): the referee reads
+    and writes it in linear time, so it is answered in about the time the reference takes, inside the
+    default cell limit (the server's deadline for the call; past it the call fails)."""
+    from autograder.sandboxing.bubblewrap import Limits
+
+    server, _ = kernel
+    server.seconds = Limits().cell_seconds
+    x = torch.arange(11_000_000, dtype=torch.float32)
+    size = len(verdict.dumps(verdict.encode(x)))
+    assert 55e6 < size < verdict.MAX_MESSAGE
+    started = time.monotonic()
+    doubled = given(kernel).double(x)
+    print(f"{size / 1e6:.1f} MB each way, answered in {time.monotonic() - started:.2f} s")
+    assert torch.equal(doubled, 2 * x)
 
 
 def test_the_referee_starts_between_cells_never_inside_one(kernel, answers):
@@ -253,3 +404,82 @@ def test_cases_come_in_with_the_kernel_sides_classes_only():
     for foreign in (kv_cache._positions, catalogue.Exercise, pickle.loads):  # the catalogue never loads in a kernel
         with pytest.raises(verdict.ProtocolError, match="does not take"):
             proxies.unpack(verdict.b64encode(pickle.dumps(foreign, protocol=4)))
+
+
+# ---------------------------------------------------------------- 08: forward passes counted outside
+
+KV = "08_kv_cache"
+CLEARS_THE_PROBES_HOOK = "    model.embed._forward_hooks.clear()  # the count the kernel reports: nothing\n"
+RECOMPUTES_THROUGH_FORWARD_CACHED = (
+    "def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):\n"
+    + CLEARS_THE_PROBES_HOOK
+    + "    for _ in range(max_new_tokens):\n"
+    "        logits = forward_cached(model, tokens, KVCache())[:, -1, :]\n"
+    "        tokens = torch.cat([tokens, logits.argmax(dim=-1, keepdim=True)], dim=1)\n"
+    "    return tokens\n"
+)
+CALLS_GENERATE = (
+    "def generate_cached(model, tokens, max_new_tokens, temperature=1.0, top_k=None):\n"
+    "    if tokens.shape[1] + max_new_tokens > model.config.max_seq_len:\n"
+    "        raise ValueError(f'longer than max_seq_len = {model.config.max_seq_len}')\n"
+    + CLEARS_THE_PROBES_HOOK
+    + "    return generate(model, tokens, max_new_tokens, temperature, top_k)\n"
+)
+
+
+@pytest.fixture
+def kv_kernel(tmp_path, answers):
+    """Notebook 08's real judge and referee, its generate_cached check's cell running; the namespace a
+    kernel would have (the set-up cells run here) and the reference's own generate_cached source."""
+    from autograder import reference
+
+    cells = reference.source_cells(KV)
+    kv_judge = judge.Judge(KV, cells)
+    expected = {f"test_{name}": [(KV, name)] for name in kv_judge.exercises}
+    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {KV: kv_judge}, expected, answers, 60)
+    server.new_kernel([cell for cell in expected if cell != "test_generate_cached"])
+    server.start_cell("test_generate_cached")
+    namespace: dict = {}
+    for grade_id, source in cells:
+        if grade_id.startswith("setup"):
+            exec(source, namespace)
+    try:
+        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace, dict(cells)["generate_cached"]
+    finally:
+        server.end_cell()
+        server.close()
+
+
+def _check_generate_cached(kv_kernel, source: str):
+    server, remote, namespace, _ = kv_kernel
+    exec(source, namespace)
+    outcome = checks.diagnose(KV, "generate_cached", namespace, judge=remote)
+    outcome.restore()
+    (record,) = server.cell_verdicts("test_generate_cached")
+    return outcome, record
+
+
+def test_08s_cached_generation_is_counted_outside_the_kernel(kv_kernel):
+    """The reference's own generate_cached: every forward pass goes through forward_cached, so the
+    referee counts its positions; it passes, with nothing to review."""
+    outcome, record = _check_generate_cached(kv_kernel, kv_kernel[3])
+    assert outcome.passed, outcome.message
+    assert record.passed and record.review == []
+
+
+def test_08s_recomputation_through_forward_cached_shows_whatever_the_kernel_reports(kv_kernel):
+    """A generate_cached that recomputes the whole sequence through forward_cached with a fresh cache
+    at every step, and clears the probe's hook so that the kernel reports no positions: the referee
+    counted them, so it gets the recomputation's verdict."""
+    outcome, record = _check_generate_cached(kv_kernel, RECOMPUTES_THROUGH_FORWARD_CACHED)
+    assert not outcome.passed and "[mistake:recomputes-sequence]" in outcome.message, outcome.message
+    assert not record.passed
+
+
+def test_08s_passes_made_inside_the_kernel_are_flagged_for_review_not_scored(kv_kernel):
+    """A generate_cached that calls 07's generate (every pass inside the kernel, where the referee
+    cannot count it) and clears the probe's hook: the count it reports could be forged, so it decides
+    no points, and the check asks for a human's look."""
+    outcome, record = _check_generate_cached(kv_kernel, CALLS_GENERATE)
+    assert outcome.passed, outcome.message
+    assert len(record.review) == 1 and "ran inside the kernel" in record.review[0], record.review

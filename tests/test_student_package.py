@@ -83,6 +83,36 @@ def test_the_grader_cannot_be_imported_there(student_set, tmp_path):
     assert Path(lines[3]).is_relative_to(python.parent.parent)  # the wheel's copy, not this checkout's
 
 
+MISSING_GRADER_CHECK = """
+from course_checks.checks import CheckFailed, check
+try:
+    check("01_attention", "softmax", {})
+except CheckFailed as failure:
+    print(failure)
+"""
+
+
+def test_autograding_beside_solutions_without_the_grader_names_the_missing_package(student_set, tmp_path):
+    """The instructor's own stock ``nbgrader autograde`` in an environment set up for students (the
+    course's wheel only) with ``solutions/`` present: every hidden check fails and says the grader
+    package is missing, not that the checks "run when your instructor grades". Outside autograde (a
+    student's Validate, self-study without the grader) the class-mode message stays."""
+    python, _, env = student_set
+    (tmp_path / "solutions" / "01_attention").mkdir(parents=True)
+    source = REPOSITORY / "solutions" / "01_attention" / "01_attention.ipynb"
+    (tmp_path / "solutions" / "01_attention" / "01_attention.ipynb").write_bytes(source.read_bytes())
+    folder = tmp_path / "autograded" / "alice" / "01_attention"
+    folder.mkdir(parents=True)
+    graded = run(python, "-c", MISSING_GRADER_CHECK, cwd=folder, NBGRADER_EXECUTION="autograde", **env).stdout
+    assert (
+        "this environment lacks the grader package (attention-transformers-grader): install it where you grade"
+        in graded
+    ), graded
+    assert "when your instructor grades" not in graded
+    validated = run(python, "-c", MISSING_GRADER_CHECK, cwd=folder, NBGRADER_EXECUTION="validate", **env).stdout
+    assert "run when your instructor grades" in validated and "lacks the grader" not in validated
+
+
 def _plain(value):
     """``value`` if it is made of tensors, numbers and strings only (what a plain function takes)."""
     if isinstance(value, (torch.Tensor, int, float, str, bool)) or value is None:

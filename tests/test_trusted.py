@@ -54,6 +54,17 @@ def test_pickling_a_tensor_is_no_tampering():
     assert "torch.Tensor.item" in patched
 
 
+def test_a_warning_while_a_helper_runs_is_no_tampering():
+    """Any warning, even an ignored one (a ResourceWarning for a socket collected while a helper's frame
+    runs), makes Python add ``__warningregistry__`` to that module's globals: no change to report."""
+    found = _forked("""
+        import course_checks.modules as m
+        exec(compile("__import__('warnings').warn('collected', ResourceWarning)", "<x>", "exec"), vars(m))
+        assert "__warningregistry__" in vars(m)
+    """)
+    assert found == "[]", found
+
+
 def _forked(code: str) -> str:
     """What the detector finds after ``code`` runs in a fork of this process (whose helpers
     were sealed when it imported them): the change stays in the fork."""
@@ -107,6 +118,57 @@ def test_changes_to_the_grading_helpers_are_detected(code, found):
     assert found in _forked(code)
 
 
+def test_the_detectors_records_cannot_be_edited_and_a_second_seal_is_reported():
+    """What issue 23's detector kept in a module dict (reachable through any helper's ``__globals__``)
+    is now in closures, as immutable records: clearing every dict and set the detector's module holds,
+    and rebinding its functions, hides nothing; sealing again records nothing and is reported."""
+    found = _forked("""
+        import course_checks.checks as c
+        detector = c.check.__globals__["trusted"]
+        for name, value in list(vars(detector).items()):
+            if isinstance(value, (dict, set, list)) and not name.startswith("__"):
+                value.clear()
+        detector._helper_changes = lambda: []
+        detector._library_changes = lambda: []
+        detector.seal(c)
+        import torch
+        torch.allclose = lambda *a, **k: True
+        c.observe = print
+    """)
+    for change in ("torch.allclose", "course_checks.checks.observe", "seal (called again", "_helper_changes"):
+        assert change in found, (change, found)
+
+
+SHELL_SWAP = """
+import builtins
+from IPython.core.interactiveshell import InteractiveShell
+
+shell = InteractiveShell.instance()
+builtins.get_ipython = shell.get_ipython
+import course_checks.kernel_boot, course_checks.checks
+before = course_checks.checks._replaced()
+{swap}
+print(before, course_checks.checks._replaced())
+"""
+
+
+@pytest.mark.parametrize(
+    "swap, found",
+    [
+        ("shell.run_cell = lambda *a, **k: None", "IPython shell.run_cell"),
+        ("shell.showtraceback = lambda *a, **k: None", "IPython shell.showtraceback"),
+        ("type(shell).run_cell_async = lambda *a, **k: None", "IPython shell.run_cell_async"),
+    ],
+)
+def test_swapping_the_shells_execution_or_traceback_methods_is_reported(swap, found):
+    """A notebook that swaps the shell's ``run_cell``, ``run_cell_async`` or ``showtraceback`` could make
+    a cell whose check it stopped report success with no error: the detector reports it."""
+    program = SHELL_SWAP.format(swap=swap)
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    before, after = result.stdout.strip().splitlines()[-1].split("] [")
+    assert before == "[" and found in after, result.stdout + result.stderr
+
+
 def test_the_head_loop_probe_counts_with_the_tracer_it_bound_before_student_code(monkeypatch):
     """A notebook that swaps ``sys.settrace`` / ``sys.gettrace`` (keeping the counter instead of
     installing it, and handing it back when asked) leaves the probe counting: it bound them when
@@ -153,6 +215,35 @@ def test_the_head_loop_probe_tells_the_learners_lines_from_the_librarys_with_wha
     few, many = (probes.HeadLoop().steps(Looping, h) for h in (2, 8))
     where = probes.HeadLoop._loop_line(few, many, {"Looping"})
     assert where is not None and "for h in range(self.n_heads)" in where, where
+
+
+def test_a_loop_over_heads_compiled_under_a_library_file_name_is_still_counted_and_flagged():
+    """A forward pass whose loop over heads is compiled with a library's file name (so that no line of
+    it reads as the learner's): the probe counts every frame's steps, so the loop still shows as more
+    steps with more heads and the check fails; the compile call is flagged for review."""
+    import sysconfig
+
+    from autograder.exercises.multi_head_attention import NO_HEAD_LOOP_PROPERTY
+
+    source = "def forward(self, x):\n    return sum(self.proj(x) / (h + 1) for h in range(self.n_heads))\n"
+    namespace = {}
+    exec(compile(source, sysconfig.get_paths()["stdlib"] + "/json/heads.py", "exec"), namespace)
+
+    class Looping(nn.Module):
+        def __init__(self, width, n_heads):
+            super().__init__()
+            self.n_heads, self.proj = n_heads, nn.Linear(width, width)
+
+        forward = namespace["forward"]
+
+    seen = probes.HeadLoop().run(Looping, None)
+    few, many = seen["steps"]
+    assert many > few and seen["where"] is None, seen
+    message = NO_HEAD_LOOP_PROPERTY.reading(seen, NO_HEAD_LOOP_PROPERTY.probe, None)
+    assert message and "[mistake:head-loop]" in message, message
+    found = suspicious_code(['exec(compile(source, "/usr/lib/python3.11/json/heads.py", "exec"))'])
+    assert any("compiles code under a file name" in f for f in found) and not any(forges_helpers(f) for f in found)
+    assert suspicious_code(['exec(compile(source, "<string>", "exec"))']) == []
 
 
 def test_the_wire_writes_and_reads_with_what_it_bound_before_student_code():

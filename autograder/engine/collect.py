@@ -49,6 +49,25 @@ STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,99}")  # a folder name, 
 NAME_BYTES = 255  # the longest file or folder name most file systems take
 
 
+def shown(name: str) -> str:
+    """A submitted name as the grade command prints it: as it is when every character is printable,
+    else quoted with its control characters escaped (``'notes\\x1b]0;...'``): an ANSI or OSC
+    sequence, a bidirectional override or a newline in a file name never reaches the terminal."""
+    return name if name.isprintable() else repr(name)
+
+
+def printable_line(text: str) -> str:
+    """``text`` as one line for a terminal: every character that is not printable (an escape, a bell, a
+    bidirectional override, a line break) escaped."""
+    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """``text`` for a terminal: line breaks kept, every other character that is not printable
+    escaped (``printable_line``). The grade command prints through it."""
+    return "\n".join(printable_line(line) for line in text.split("\n"))
+
+
 def usable_student_id(text: str) -> bool:
     """A student id that can become a folder name and a gradebook row: the whole text matches
     (no trailing newline or control character slips past an end-of-line anchor)."""
@@ -100,7 +119,7 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
             assignment = assignment_dir.name
             if assignment not in notebooks:
                 found.messages.append(
-                    f"{student}/{assignment}: skipped, no assignment of that name "
+                    f"{student}/{shown(assignment)}: skipped, no assignment of that name "
                     f"(known: {', '.join(sorted(notebooks))})"
                 )
                 continue
@@ -118,7 +137,7 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                 elif len(expected) == 1 and len(unexpected) == 1:
                     other = unexpected[0]
                     note = (
-                        f"{student}/{assignment}: no {notebook}.ipynb; graded {other.name}, the only "
+                        f"{student}/{assignment}: no {notebook}.ipynb; graded {shown(other.name)}, the only "
                         f"notebook submitted, in its place"
                     )
                     found.submissions.append(
@@ -127,7 +146,7 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                             assignment,
                             notebook,
                             other,
-                            f"{student}/{assignment}/{other.name}",
+                            f"{student}/{assignment}/{shown(other.name)}",
                             timestamp,
                             notes=[note],
                             flags=[WRONG_FILE_NAME],
@@ -136,7 +155,9 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                     unexpected = []
                 else:
                     reason = f"no {notebook}.ipynb was submitted" + (
-                        f" (found {', '.join(p.name for p in unexpected)}; which one is it?)" if unexpected else ""
+                        f" (found {', '.join(shown(p.name) for p in unexpected)}; which one is it?)"
+                        if unexpected
+                        else ""
                     )
                     found.submissions.append(
                         Submission(
@@ -150,7 +171,9 @@ def from_tree(root: Path, notebooks: dict[str, list[str]], wanted: set[str] | No
                         )
                     )
             for other in unexpected:
-                found.messages.append(f"{student}/{assignment}/{other.name}: skipped, not a notebook of {assignment}")
+                found.messages.append(
+                    f"{student}/{assignment}/{shown(other.name)}: skipped, not a notebook of {assignment}"
+                )
     return found
 
 
@@ -183,11 +206,11 @@ def from_flat(
         if not info:
             if path.suffix == ".ipynb":
                 found.messages.append(
-                    f"{path.name}: skipped, the name does not say whose notebook it is "
+                    f"{shown(path.name)}: skipped, the name does not say whose notebook it is "
                     f"(expected a name matching {plugin.named_regexp})"
                 )
             else:
-                found.messages.append(f"{path.name}: skipped, not a notebook")
+                found.messages.append(f"{shown(path.name)}: skipped, not a notebook")
             continue
         notebook = Path(info["file_id"]).stem
         if not usable_student_id(info["student_id"]):
@@ -195,7 +218,7 @@ def from_flat(
             continue
         assignment = owner.get(notebook)
         if assignment is None:
-            found.messages.append(f"{path.name}: skipped, {notebook!r} is not a notebook of any assignment")
+            found.messages.append(f"{shown(path.name)}: skipped, {notebook!r} is not a notebook of any assignment")
             continue
         if wanted and assignment not in wanted:
             continue
@@ -203,8 +226,8 @@ def from_flat(
         timestamp = valid_timestamp(info.get("timestamp"))
         if key in chosen and (chosen[key][1] or "") >= (timestamp or ""):
             found.messages.append(
-                f"{path.name}: skipped, an equally recent or newer file for "
-                f"{info['student_id']}/{notebook} is in the same collection"
+                f"{shown(path.name)}: skipped, an equally recent or newer file for "
+                f"{info['student_id']}/{shown(notebook)} is in the same collection"
             )
             continue
         chosen[key] = (path, timestamp)
@@ -214,7 +237,7 @@ def from_flat(
         target = folder / f"{notebook}.ipynb"
         if target.exists() and target.read_bytes() != path.read_bytes() and not replace:
             found.messages.append(
-                f"{path.name}: kept the different {student}/{assignment}/{target.name} "
+                f"{shown(path.name)}: kept the different {student}/{assignment}/{target.name} "
                 "already collected (use --replace to take this one)"
             )
         else:
@@ -285,26 +308,26 @@ def unzip(archive: Path, target: Path) -> tuple[Path, list[str]]:
             )
             entries = entries[:MAX_FILES]
         for entry in entries:
-            shown = repr(entry.filename) if not entry.filename.isprintable() else entry.filename
+            named = shown(entry.filename)
             name = PurePosixPath(entry.filename.replace("\\", "/"))
             if entry.is_dir():
                 continue
             if name.is_absolute() or ".." in name.parts or not name.parts:
-                messages.append(f"{shown}: skipped, a path outside the archive")
+                messages.append(f"{named}: skipped, a path outside the archive")
                 continue
             if set(name.parts) & IGNORED_PARTS:
                 continue
             if any(len(part.encode("utf-8", "surrogateescape")) > NAME_BYTES for part in name.parts):
-                messages.append(f"{shown[:80]}...: skipped, a name longer than {NAME_BYTES} bytes")
+                messages.append(f"{named[:80]}...: skipped, a name longer than {NAME_BYTES} bytes")
                 continue
             if entry.file_size > MAX_FILE or total + entry.file_size > MAX_TOTAL:
-                messages.append(f"{shown}: skipped, too large ({entry.file_size} bytes)")
+                messages.append(f"{named}: skipped, too large ({entry.file_size} bytes)")
                 continue
             total += entry.file_size
             destination = folder.joinpath(*name.parts)
             problem = _extract(archive_file, entry, destination)
             if problem:
-                messages.append(f"{shown}: skipped, {problem}")
+                messages.append(f"{named}: skipped, {problem}")
     return folder, messages
 
 
@@ -383,15 +406,15 @@ def summarized(messages: list[str]) -> list[str]:
         if found and name:
             reasons[index] = re.sub(r"\s*\(.*\)\s*$", "", reason)
             groups[reasons[index]].append(index)
-    shown = []
+    lines = []
     for index, message in enumerate(messages):
         indexes = groups[reasons[index]] if index in reasons else []
         if len(indexes) <= ONE_BY_ONE:
-            shown.append(message)
+            lines.append(message)
         elif index == indexes[0]:
             names = ", ".join(messages[i].partition(SKIPPED)[0] for i in indexes[:NAMED])
-            shown.append(f"{len(indexes)} skipped, {reasons[index]}: {names}, ... and {len(indexes) - NAMED} more")
-    return shown
+            lines.append(f"{len(indexes)} skipped, {reasons[index]}: {names}, ... and {len(indexes) - NAMED} more")
+    return lines
 
 
 def collect(

@@ -49,7 +49,7 @@ from course_checks.files import write_atomically
 
 from ..records import Refused
 from . import runs
-from .collect import from_tree
+from .collect import from_tree, printable_line
 from .diagnosis import diagnosis_page, one_line_page
 from .exchange import SECRET, STAMP, Inbox, Outbox
 
@@ -256,8 +256,9 @@ class Screen:
 
 
 def line(event: Event) -> str:
+    """One event on the screen, whatever a submission named (its control characters escaped)."""
     when = time.strftime("%H:%M:%S", time.localtime(event.when))
-    return f"{when}  {event.student:<16} {event.assignment:<22} {event.what}"
+    return printable_line(f"{when}  {event.student:<16} {event.assignment:<22} {event.what}")
 
 
 # ---------------------------------------------------------------- the loop

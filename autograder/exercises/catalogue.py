@@ -71,6 +71,11 @@ class Mistake:
     mutant: Callable[[Any], Callable]
 
 
+class ForReview(str):
+    """What a property's reading says when it cannot decide from what it could trust: no points
+    lost, the notebook flagged for a human's look (``flags.OBSERVED_IN_KERNEL``) with this note."""
+
+
 @dataclass
 class Property:
     """A whole-object look at the learner's object that comparing outputs cannot give (no loop
@@ -81,10 +86,16 @@ class Property:
     reference's weights) runs where the learner's code runs and reports what it saw;
     ``reading(seen, probe, ref)`` turns that into the learner's message, or None, here with the
     judge (``ref``: the reference module, when the reading needs it).
+
+    ``counted`` names a count the referee keeps of the work the check's substitutes did outside
+    the kernel (``"embedded"``: the token positions their embeddings read). Under ``./course grade``
+    the reading then gets ``{"kernel": what the probe saw, "outside": that count}``: what the
+    notebook's kernel cannot forge; elsewhere (no referee) what the probe saw alone.
     """
 
     probe: Any
     reading: Callable[[Any, Any, Any], str | None]
+    counted: str | None = None
 
     def made(self, ref):
         """The probe, made from the reference module ``ref`` when it is made from it."""

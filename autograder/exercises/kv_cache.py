@@ -37,11 +37,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from course_checks.probes import EmbeddedPositions
+from course_checks.probes import COUNTED, EmbeddedPositions
 from course_checks.scripts import AttendScript, CacheScript, ForwardScript, LimitCase, SamplingCase
 
 from ..messages import tagged
-from .catalogue import Case, Exercise, Mistake, Property, module_case
+from .catalogue import Case, Exercise, ForReview, Mistake, Property, module_case
 
 ASSIGNMENT = "08_kv_cache"
 
@@ -525,16 +525,30 @@ def _one_token_per_pass(ref) -> EmbeddedPositions:
     07's generate, or forward_cached on the whole sequence with a new cache at
     every step. Both give generate's tokens at generate's cost.
     """
-    return EmbeddedPositions(
-        model=_greedy_model(ref), prompt=torch.randint(0, 31, (2, 4), generator=_generator(77)), new_tokens=8
-    )
+    model = _greedy_model(ref)
+    setattr(model, COUNTED, True)  # the referee counts its passes outside the kernel
+    return EmbeddedPositions(model=model, prompt=torch.randint(0, 31, (2, 4), generator=_generator(77)), new_tokens=8)
 
 
 def _recomputes_reading(seen, probe, ref) -> str | None:
-    """What ``EmbeddedPositions`` saw: the learner's tokens against 07's generate, and the positions."""
+    """What ``EmbeddedPositions`` saw: the learner's tokens against 07's generate, and the positions.
+
+    Under ``./course grade`` the referee also counts the positions embedded in the forward passes it
+    computed for the check's substitutes (``forward_cached``): ``seen`` is then ``{"kernel": what the
+    probe saw, "outside": that count}``. When every pass went through them (at least prompt + new - 1
+    positions outside), the larger count decides, so a kernel that reports fewer gains nothing. When
+    passes were made inside the kernel (07's generate, the model called directly), only the kernel
+    counted them: a count that says it recomputes is believed (it costs the notebook its points), one
+    that says it does not is what a forging kernel would say, so it decides nothing and is flagged for
+    review.
+    """
+    outside = None
+    if isinstance(seen, dict):
+        seen, outside = seen.get("kernel"), seen.get("outside")
     try:
         out, positions = seen
         positions = int(positions)
+        outside = None if outside is None else int(outside)
     except (TypeError, ValueError):
         return "`generate_cached`: the check of its forward passes did not report what it saw."
     prompt, new = probe.prompt, probe.new_tokens
@@ -545,6 +559,15 @@ def _recomputes_reading(seen, probe, ref) -> str | None:
         and torch.equal(out.long(), ref.generate(probe.model, prompt, new, temperature=0))
     )
     most = prompt.shape[1] + new
+    if outside is not None and outside >= most - 1:
+        positions = max(positions, outside)
+    elif outside is not None and right and positions <= most:
+        return ForReview(
+            f"`generate_cached` gives the right tokens, but of its forward passes the grader saw {outside} token "
+            f"positions embedded (through forward_cached), not the {most - 1} or more a cached generation of {new} "
+            f"tokens after a prompt of {prompt.shape[1]} makes: the others ran inside the kernel, which reported "
+            f"{positions} in all. Whether it recomputes the sequence is for you to read in its code."
+        )
     if right and positions > most:
         return tagged(
             f"`generate_cached` gives the right tokens but embedded {positions} token positions to "
@@ -748,7 +771,7 @@ EXERCISES = {
         rtol=0.0,
         depends_on=("KVCache", "attend_with_cache", "forward_cached"),
         mistakes=GENERATE_MISTAKES,
-        properties=(Property(_one_token_per_pass, _recomputes_reading),),
+        properties=(Property(_one_token_per_pass, _recomputes_reading, counted="embedded"),),
     ),
     "RollingKVCache": Exercise(
         "RollingKVCache", rolling_cache_cases, atol=0.0, rtol=0.0, mistakes=ROLLING_CACHE_MISTAKES

@@ -190,7 +190,7 @@ class Execution:
     faults: list[Fault] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)  # cells whose printed output was cut
     stray_processes: int = 0  # processes cells left behind, killed
-    errored: list[int] = field(default_factory=list)  # cells whose last run the kernel said ended in an error
+    errored: list[int] = field(default_factory=list)  # cells the kernel said ended in an error, in any run
 
 
 class ContainedExecute(ObservedExecute):
@@ -231,10 +231,9 @@ class ContainedExecute(ObservedExecute):
 
     # ------------------------------------------------------------ nbclient hooks
     def _note_reply(self, cell, cell_index, execute_reply):
-        """Which cells the kernel's execute_reply says ended in an error (the last run of each counts)."""
-        if (execute_reply or {}).get("content", {}).get("status") == "ok":
-            self._errored.discard(cell_index)
-        else:
+        """Which cells the kernel's execute_reply says ended in an error, in any of the kernels that
+        ran them: a replay (after a crash) cannot make a cell's error of an earlier run go away."""
+        if (execute_reply or {}).get("content", {}).get("status") != "ok":
             self._errored.add(cell_index)
 
     def timed_out(self, cell) -> None:

@@ -18,10 +18,21 @@ the substitutes' calls come back here and are answered by the worker's
 
 It accepts a check only while the grade cell that holds it runs, the first
 time: student code cannot replay a check with other functions, in another
-cell, or after the fact; a check that a fresh kernel runs again (the notebook
-replayed after a crash) keeps the verdict it had the first time. It answers a
-substitute only while the check that handed it over runs, in its own cell, and
-only for an exercise whose own check has finished.
+cell, or after the fact. It answers a substitute only while the check that
+handed it over runs, in its own cell, and only for an exercise whose own check
+has finished.
+
+A check counts only when its invocation ran to completion (``Invocation``). Its
+``begin`` opens a connection of its own, which the server (one connection at a
+time) serves alone until it closes: the invocation's substitute calls, its
+``result`` and its ``end`` come on it, each carrying the token ``begin`` handed
+out and the next number in order. A verdict is recorded at ``end`` only. A
+check that is stopped (its connection closes or its cell ends first), a
+message out of order or with another token, and a ``result`` on any other
+connection earn nothing; the last two are noted as interference
+(``interference``, a flag for review). A check that a fresh kernel runs again
+(the notebook replayed after a crash) earns what the replayed run verifies,
+and never more than an earlier run of it that failed.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import json
 import os
 import pickle
 import secrets
+import socket
 import socketserver
 import threading
 import types
@@ -51,8 +63,10 @@ class Verdict:
     assignment: str
     exercise: str
     message: str | None = None  # None: passed
-    finished: bool = False  # a result arrived (else the check did not finish)
+    finished: bool = False  # its invocation ran to its end (else the check did not finish)
     tampered: list = field(default_factory=list)
+    reported: bool = False  # its result (or "missing") arrived; ``message`` waits for the end
+    review: list = field(default_factory=list)  # what its properties ask a human to look at (no points lost)
 
     @property
     def passed(self) -> bool:
@@ -223,8 +237,12 @@ class Judge:
 
         return predict
 
-    def verdict(self, name: str, problem, outputs, tampered, observations=()) -> str | None:
-        """The learner-facing message for this check, or None when it passed."""
+    def verdict(self, name: str, problem, outputs, tampered, observations=(), counted=None, notes=None) -> str | None:
+        """The learner-facing message for this check, or None when it passed.
+
+        ``counted``: what the referee counted of the work of the check's substitutes (outside the
+        kernel, where the notebook cannot forge it); a property that reads a count (``Property.counted``)
+        gets it beside what its probe saw. ``notes`` gets what the properties ask a human to review."""
         if tampered:
             return messages.tampering_message([str(t) for t in tampered])
         exercise = self.exercises[name]
@@ -237,8 +255,13 @@ class Judge:
             return f"`{target}`: what its check saw could not be read ({error})."
         if len(seen) < len(probes) and not problem:
             return f"`{target}`: the check did not report what it saw of the whole `{target}`."
+        if counted is not None:
+            seen = [
+                {"kernel": observation, "outside": counted.get(prop.counted, 0)} if prop.counted else observation
+                for prop, observation in zip(exercise.properties, seen)
+            ]
         with self.lock:
-            found = compare.property_problem(exercise, probes, seen, self.ref)
+            found = compare.property_problem(exercise, probes, seen, self.ref, notes)
         if found:
             return messages.finish(target, found)
         if problem:
@@ -256,29 +279,61 @@ class Judge:
 
 
 class _Handler(socketserver.StreamRequestHandler):
-    timeout = 120  # a connection that sends nothing is dropped; meanwhile only its own notebook waits
+    """One connection: a single request (a substitute's call after its check, a refusal), or a
+    check's whole invocation, message after message, until its end (``VerdictServer.answer``)."""
 
     def handle(self):
         server: VerdictServer = self.server.verdicts  # type: ignore[attr-defined]
+        self.connection.settimeout(server.seconds + 60)  # a connection that sends nothing is dropped
+        server.serving(self.connection)
+        invocation = None
         try:
-            line = self.rfile.readline(verdict.MAX_MESSAGE + 1)
-            if not line:
-                return
-            reply = server.answer(verdict.parse_line(line), line)
-        except Exception as error:  # a hostile or broken kernel: answer, never crash
-            reply = {"message": f"The hidden checks could not run ({type(error).__name__})."}
-        try:
-            if isinstance(reply, bytes):  # the referee's answer, as it wrote it
-                self.wfile.write(reply + b"\n")
-                self.wfile.flush()
-            else:
-                verdict.write_line(self.wfile, reply)
+            while True:
+                line = self.rfile.readline(verdict.MAX_MESSAGE + 1)
+                if not line:
+                    return
+                server.idle.clear()
+                try:
+                    try:
+                        reply, invocation, more = server.answer_on(invocation, verdict.parse_line(line), line)
+                    except Exception as error:  # a hostile or broken kernel: answer, never crash
+                        reply, more = {"message": f"The hidden checks could not run ({type(error).__name__})."}, False
+                        if invocation is not None:  # into a check's own connection
+                            server.interfered(invocation, f"sent what a check does not send ({type(error).__name__})")
+                    if isinstance(reply, bytes):  # the referee's answer, as it wrote it
+                        self.wfile.write(reply + b"\n")
+                        self.wfile.flush()
+                    else:
+                        verdict.write_line(self.wfile, reply)
+                finally:
+                    server.idle.set()
+                if not more:
+                    return
         except OSError:
             pass
+        finally:
+            server.serving(None)
+            server.closed(invocation)
 
 
 class _UnixServer(socketserver.UnixStreamServer):
-    """One request at a time: a notebook flooding the socket cannot spawn threads here."""
+    """One connection at a time: a notebook flooding the socket cannot spawn threads here, and
+    while a check's invocation holds its connection no other connection is read."""
+
+
+@dataclass
+class Invocation:
+    """One check run, from its ``begin`` to its ``end``: the connection it holds, the token it was
+    handed and the number its next message must carry."""
+
+    cell: str
+    name: str
+    record: Verdict
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    next: int = 1
+    message: str | None = None  # what its result earned, recorded at its end
+    ended: bool = False
+    counted: dict = field(default_factory=dict)  # what the referee counted of its substitutes' work
 
 
 PROXY_OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
@@ -310,9 +365,13 @@ class VerdictServer:
         self.checked: set[str] = set()
         self.done: set[str] = set()  # exercises whose checks finished in this kernel
         self.grants: dict[tuple[str, str], set[str]] = {}  # (cell, check) -> answers its substitutes may call
-        self.first: dict[tuple[str, str], str | None] = {}  # (cell, check) -> the message it got first
+        self.failed: dict[tuple[str, str], str] = {}  # (cell, check) -> its first failure, in any kernel
+        self.interference: list[str] = []  # what the notebook sent that no check sends, in words
         self.asked = False  # the referee answered something in this cell
         self.lock = threading.Lock()
+        self._connection = None  # the connection being served now
+        self.idle = threading.Event()  # set unless a request is being answered
+        self.idle.set()
         if os.path.exists(path):
             os.unlink(path)
         self.server = _UnixServer(path, _Handler)
@@ -322,6 +381,7 @@ class VerdictServer:
         self.thread.start()
 
     def close(self) -> None:
+        self._drop()
         self.server.shutdown()
         self.server.server_close()
         try:
@@ -330,15 +390,33 @@ class VerdictServer:
             pass
         self._let_go()
 
+    # ------------------------------------------------------------ the connection served now
+    def serving(self, connection) -> None:
+        with self.lock:
+            self._connection = connection
+
+    def _drop(self) -> None:
+        """End the connection being served (a check its cell stopped, a kernel replaced, a
+        connection a notebook holds open between cells): what it began does not finish."""
+        self.idle.wait(5)  # a reply being written (the referee's error for a call it stopped) goes out first
+        with self.lock:
+            connection = self._connection
+        if connection is not None:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     # ------------------------------------------------------------ kernel lifecycle
     def new_kernel(self, skipped_cells=()) -> None:
         """A fresh kernel replays the notebook: its checks run again from scratch.
 
         The checks of ``skipped_cells`` (grade cells left out after they hung or
         killed the kernel) count as run, so the exercises after them still get
-        their dependencies. A check that ran to its verdict in an earlier kernel
-        keeps that verdict (``first``): a replay cannot improve on it.
+        their dependencies. A check earns what its replayed run verifies, and
+        never more than an earlier run of it that failed (``failed``).
         """
+        self._drop()
         with self.lock:
             self.checked = {name for cell in skipped_cells for _, name in self.expected.get(cell, [])}
             self.done = set(self.checked)
@@ -346,6 +424,7 @@ class VerdictServer:
             self.cell = None
 
     def start_cell(self, grade_id: str | None) -> None:
+        self._drop()  # a connection opened before this cell (a thread of an earlier one) ends
         with self.lock:
             self.cell = grade_id
             if grade_id in self.expected:
@@ -358,7 +437,9 @@ class VerdictServer:
             self.done.update(record.exercise for record in self.verdicts.get(self.cell, []))
             self.cell = None
             self.grants = {}
-        if self._let_go():  # between cells: its start-up counts against no learner's cell
+        stopped = self._let_go()
+        self._drop()
+        if stopped:  # between cells: its start-up counts against no learner's cell
             self.referee.prepare(self.judges.values())
 
     def _let_go(self) -> bool:
@@ -389,70 +470,135 @@ class VerdictServer:
         return cell, next((v for v in self.verdicts[cell] if v.exercise == name), None), None
 
     def _finish(self, cell: str, record: Verdict, message: str | None) -> str | None:
-        """Record ``message`` as ``record``'s verdict, unless its check had one in an earlier kernel."""
+        """Record ``message`` as ``record``'s verdict: its check ran to its end. A check that failed
+        in an earlier kernel keeps that failure (a replay cannot improve on it)."""
         key = (cell, record.exercise)
-        message = self.first.setdefault(key, message)
+        if message is None:
+            message = self.failed.get(key)
+        else:
+            self.failed.setdefault(key, message)
         record.finished, record.message = True, message
         self.done.add(record.exercise)
         return message
 
+    def interfered(self, invocation: Invocation | None, why: str) -> None:
+        """Note what the notebook sent that no check sends; the invocation it broke into (if any)
+        ends with no points."""
+        with self.lock:
+            where = f"{invocation.cell}: " if invocation is not None else (f"{self.cell}: " if self.cell else "")
+            if len(self.interference) < 20:
+                self.interference.append(f"{where}{why}"[:300])
+            if invocation is not None and not invocation.ended:
+                invocation.ended = True
+                record = invocation.record
+                record.tampered = [*record.tampered, why[:200]]
+                self._finish(invocation.cell, record, messages.interference_message(record.exercise, why))
+
+    def closed(self, invocation: Invocation | None) -> None:
+        """The connection of ``invocation`` closed: unless it reached its end, its check did not
+        finish (a stopped check earns nothing)."""
+
+    def answer_on(self, invocation: Invocation | None, request: dict, line: bytes) -> tuple:
+        """(the reply, the invocation this connection now holds, whether to read another message)."""
+        if invocation is None:
+            if request.get("op") == "begin":
+                reply, invocation = self._begin(request)
+                return reply, invocation, invocation is not None
+            return self.answer(request, line), None, False
+        return self._continue(invocation, request, line)
+
     def answer(self, request: dict, line: bytes = b"") -> dict | bytes:
+        """A request on a connection of its own: a substitute's call (after its check, in its cell)."""
         op = request.get("op")
         if op in PROXY_OPS:
             return self._substitute(request, line)
+        if op in ("result", "missing", "end"):
+            assignment, name = str(request.get("assignment")), str(request.get("name"))
+            with self.lock:
+                ours = self.cell is not None and (assignment, name) in self.expected.get(self.cell, [])
+            if ours:  # a verdict for a check of this cell, from outside its invocation
+                self.interfered(None, f"sent a `{op}` for the check of `{name[:60]}` outside that check")
+            return {"message": "A check's result counts only from the check itself; this one does not count."}
+        return {"message": "Unknown request."}
+
+    @staticmethod
+    def _tampered(request: dict) -> list[str]:
+        tampered = request.get("tampered")
+        return [str(t)[:200] for t in tampered][:50] if isinstance(tampered, list) else []
+
+    def _begin(self, request: dict) -> tuple[dict, Invocation | None]:
         assignment, name = str(request.get("assignment")), str(request.get("name"))
-        tampered = (
-            [str(t)[:200] for t in request.get("tampered", [])][:50]
-            if isinstance(request.get("tampered"), list)
-            else []
-        )
+        tampered = self._tampered(request)
         with self.lock:
             cell, record, refusal = self._slot(request)
             if refusal:
-                return {"message": refusal}
+                return {"message": refusal}, None
+            if record is not None:
+                return {"message": "This check already ran in this cell; it counts once."}, None
+            record = Verdict(assignment, name, tampered=tampered)
+            self.verdicts[cell].append(record)
             checked = set(self.checked)
-            if op == "begin":
-                if record is not None:
-                    return {"message": "This check already ran in this cell; it counts once."}
-                record = Verdict(assignment, name, tampered=tampered)
-                self.verdicts[cell].append(record)
-                checked = set(self.checked)
-                self.checked.add(name)  # from now on its dependants may be checked
-                if tampered:
-                    return {"message": self._finish(cell, record, messages.tampering_message(tampered))}
-        judge = self.judges[assignment]
-        if op == "begin":
-            reply = judge.shipment(name, checked, self.graded)
-            with self.lock:
-                if "message" in reply:
-                    return {"message": self._finish(cell, record, reply["message"])}
-                self.grants[(cell, name)] = set(reply.pop("grant", ()))
-            return reply
-        if op in ("result", "missing"):
-            if record is None and op == "missing":
-                record = Verdict(assignment, name)
-                with self.lock:
-                    self.verdicts[cell].append(record)
-            if record is None or record.finished:
-                return {"message": "This check already ran in this cell; it counts once."}
-            if (cell, name) in self.first:  # run again by a fresh kernel: its first verdict stands
-                message = self.first[(cell, name)]
+            self.checked.add(name)  # from now on its dependants may be checked
+            if tampered:
+                return {"message": self._finish(cell, record, messages.tampering_message(tampered))}, None
+        reply = self.judges[assignment].shipment(name, checked, self.graded)
+        with self.lock:
+            if "message" in reply:
+                return {"message": self._finish(cell, record, reply["message"])}, None
+            self.grants[(cell, name)] = set(reply.pop("grant", ()))
+            invocation = Invocation(cell, name, record)
+        return {**reply, "invocation": invocation.token}, invocation
+
+    def _continue(self, invocation: Invocation, request: dict, line: bytes) -> tuple:
+        """The next message of a check's invocation: it must carry the invocation's token and the
+        next number, and come in the order a check sends them (substitute calls, a result, the end)."""
+        record, op = invocation.record, request.get("op")
+        if invocation.ended or self.cell != invocation.cell:
+            return {"message": "This check has ended."}, invocation, False
+        if request.get("invocation") != invocation.token or request.get("seq") != invocation.next:
+            self.interfered(invocation, "sent a message into a check that the check did not send")
+            return {"message": "This check was interfered with; it does not count."}, invocation, False
+        invocation.next += 1
+        if op == "interfered":  # the kernel's side caught a call of the check's result from elsewhere
+            self.interfered(invocation, f"reported its result from outside the check ({str(request.get('why'))[:120]})")
+            return {"message": "This check was interfered with; it does not count."}, invocation, False
+        if op in PROXY_OPS and not record.reported:
+            return self._substitute(request, line, invocation), invocation, True
+        if op in ("result", "missing") and not record.reported:
+            tampered = self._tampered(request)
+            if op == "missing":
+                message = messages.tampering_message(tampered) if tampered else str(request.get("problem"))[:4000]
             else:
                 outputs, observations = request.get("outputs", []), request.get("observations", [])
-                message = judge.verdict(
-                    name,
+                message = self.judges[record.assignment].verdict(
+                    record.exercise,
                     request.get("problem"),
                     outputs if isinstance(outputs, list) else [],
                     tampered,
                     observations if isinstance(observations, list) else [],
+                    counted=invocation.counted,
+                    notes=record.review,
                 )
             with self.lock:
-                message = self._finish(cell, record, message)
+                record.reported, record.tampered = True, record.tampered or tampered
+                invocation.message = message
+                if message is None:
+                    message = self.failed.get((invocation.cell, record.exercise))
+            return {"message": message}, invocation, True
+        if op == "end" and record.reported:
+            tampered = self._tampered(request)
+            message = invocation.message
+            if tampered:
+                message = messages.tampering_message(tampered)
+            with self.lock:
                 record.tampered = record.tampered or tampered
-            return {"message": message}
-        return {"message": "Unknown request."}
+                invocation.ended = True
+                self._finish(invocation.cell, record, message)
+            return {"ended": True}, invocation, False
+        self.interfered(invocation, f"sent `{str(op)[:40]}` where its check does not")
+        return {"message": "This check was interfered with; it does not count."}, invocation, False
 
-    def _substitute(self, request: dict, line: bytes) -> dict | bytes:
+    def _substitute(self, request: dict, line: bytes, invocation: Invocation | None = None) -> dict | bytes:
         """A substitute's call, answered by the referee when the check that handed it over runs now."""
         name, target = str(request.get("name")), str(request.get("target"))
         with self.lock:
@@ -469,7 +615,14 @@ class VerdictServer:
             self.asked = True
         if self.referee is None:
             return {"refused": "The reference cannot be reached here."}
-        return self.referee.ask(self.judges[str(request.get("assignment"))], self.session, line, self.seconds)
+        answer, counted = self.referee.ask(
+            self.judges[str(request.get("assignment"))], self.session, line, self.seconds
+        )
+        if invocation is not None:  # what the referee counted of the work, for the check that asked
+            for key, value in counted.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    invocation.counted[key] = invocation.counted.get(key, 0) + value
+        return answer
 
     def cell_verdicts(self, grade_id: str) -> list[Verdict]:
         with self.lock:

@@ -139,7 +139,10 @@ def verdicts(g: Grading) -> None:
     test cell's points decided by that record alone."""
     records, flags = apply_verdicts(g.nb, g.server, g.job.spec.expected, g.execution, g.forged)
     g.result.checks = records
-    g.flag(flags)
+    details = [f"interfered with its hidden checks: {what}" for what in g.server.interference]
+    for grade_id in g.job.spec.expected:
+        details += [f"{v.exercise}: {note}" for v in g.server.cell_verdicts(grade_id) for note in v.review]
+    g.flag(flags, details)
     g.decided = decided_scores(g.nb, records, g.execution)
 
 

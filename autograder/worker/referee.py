@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from course_checks import verdict
+from course_checks.probes import COUNTED
 
 from .. import reference
 
@@ -194,9 +195,11 @@ class Oracle:
     def forget(self, session: str) -> None:
         self.sessions.pop(session, None)
 
-    def answer(self, key: str, session_id: str, line: bytes) -> dict:
+    def answer(self, key: str, session_id: str, line: bytes, counted: dict | None = None) -> dict:
+        """The reply to a kernel's call ``line``; ``counted`` gets what the judge counts of the work
+        it took (``embedded``: the token positions every embedding read)."""
         try:
-            return self._answer(key, session_id, line)
+            return self._answer(key, session_id, line, {} if counted is None else counted)
         except verdict.ProtocolError as error:
             return {"error": {"type": "ValueError", "message": f"the grader could not read this call: {error}"}}
         except RecursionError:
@@ -206,7 +209,7 @@ class Oracle:
         except Exception as error:  # the reference's own error on these inputs: the learner's code sees it
             return {"error": {"type": type(error).__name__, "message": str(error)[:4000]}}
 
-    def _answer(self, key: str, session_id: str, line: bytes) -> dict:
+    def _answer(self, key: str, session_id: str, line: bytes, counted: dict) -> dict:
         request = verdict.parse_line(line)
         ref, answers = self.refs[key]
         op, target = request.get("op"), request.get("target")
@@ -225,6 +228,9 @@ class Oracle:
         handles = []
         for index, module in enumerate(codec.hooked):
             handles.append(module.register_forward_hook(_recorder(calls, index)))
+        counted["embedded"] = 0
+        for embedding in _embeddings(this, *args, *kwargs.values()):
+            handles.append(embedding.register_forward_hook(_positions(counted)))
         reply: dict = {}
         try:
             with torch.no_grad():
@@ -272,6 +278,23 @@ class Oracle:
         return reply
 
 
+def _embeddings(*values) -> list:
+    """The embedding layers of the models among ``values`` that the grader counts (``probes.COUNTED``:
+    a probe's model, handed to a substitute such as ``forward_cached``)."""
+    found = {}
+    for value in values:
+        if isinstance(value, nn.Module) and getattr(value, COUNTED, False) is True:
+            found.update((id(m), m) for m in value.modules() if isinstance(m, nn.Embedding))
+    return list(found.values())
+
+
+def _positions(counted: dict):
+    def count(module, inputs, output):
+        counted["embedded"] += int(inputs[0].shape[-1]) if inputs and inputs[0].dim() else 1
+
+    return count
+
+
 def _recorder(calls: list, index: int):
     def record(module, inputs, output):
         if len(calls) < MAX_HOOK_CALLS:
@@ -308,6 +331,8 @@ def main(config: dict) -> None:
         header = stdin.readline(1 << 26)
         if not header:
             return
+        counted: dict = {}
+        op = None
         try:
             command = json.loads(header)
             op = command.get("op")
@@ -319,7 +344,7 @@ def main(config: dict) -> None:
                 reply = {"forgotten": True}
             elif op == "ask":
                 line = stdin.readline(verdict.MAX_MESSAGE + 1)
-                reply = oracle.answer(str(command["key"]), str(command.get("session")), line)
+                reply = oracle.answer(str(command["key"]), str(command.get("session")), line, counted)
             else:
                 reply = {"error": {"type": "ValueError", "message": "unknown command"}}
         except Exception as error:  # a command the worker sent wrong: say so, stay up
@@ -327,6 +352,8 @@ def main(config: dict) -> None:
         data = verdict.dumps(reply)
         if len(data) > verdict.MAX_MESSAGE:
             data = verdict.dumps({"error": {"type": "ValueError", "message": "the reference's answer is too large"}})
+        if op == "ask":  # what the judge counts, on a line of its own before the answer
+            stdout.write(verdict.dumps(counted) + b"\n")
         stdout.write(data + b"\n")
         stdout.flush()
 
@@ -347,7 +374,8 @@ class Referee:
         self.loaded: set[str] = set()
         self.lock = threading.Lock()
         self.busy = False
-        self._buffer = b""
+        self._buffer = bytearray()  # what the process wrote past the last line read
+        self._scanned = 0  # how much of ``_buffer`` holds no newline
         self._ready = False
         self.starts = 0
 
@@ -365,7 +393,7 @@ class Referee:
             stdout=subprocess.PIPE,
             env=env,
         )
-        self.loaded, self._buffer, self._ready = set(), b"", False
+        self.loaded, self._buffer, self._scanned, self._ready = set(), bytearray(), 0, False
         self.starts += 1
 
     def alive(self) -> bool:
@@ -405,11 +433,15 @@ class Referee:
             raise RefereeGone(f"the referee is gone ({error})") from None
 
     def _line(self, deadline: float) -> bytes:
+        """The process's next line. Read in linear time: each byte is appended once and searched
+        for a newline once (a 60 MB answer is read as fast as the pipe delivers it)."""
         process = self.process
         if process is None:
             raise RefereeGone("the referee is gone")
         stream = process.stdout
-        while b"\n" not in self._buffer:
+        buffer = self._buffer
+        while (end := buffer.find(b"\n", self._scanned)) < 0:
+            self._scanned = len(buffer)
             left = deadline - time.monotonic()
             if left <= 0:
                 self.close()
@@ -423,11 +455,13 @@ class Referee:
                 if not chunk:
                     self.close()
                     raise RefereeGone("the referee stopped")
-                self._buffer += chunk
-                if len(self._buffer) > verdict.MAX_MESSAGE + 1:
+                buffer += chunk
+                if len(buffer) > verdict.MAX_MESSAGE + 1:
                     self.close()
                     raise RefereeGone("the referee's answer is too large")
-        line, _, self._buffer = self._buffer.partition(b"\n")
+        line = bytes(buffer[:end])
+        del buffer[: end + 1]
+        self._scanned = 0
         return line
 
     def _command(self, command: dict, deadline: float, body: bytes = b"") -> dict:
@@ -468,8 +502,9 @@ class Referee:
                 self.close()  # the first call starts it again, and says so if it cannot
 
     # ------------------------------------------------------------ requests
-    def ask(self, judge, session: str, line: bytes, seconds: float) -> bytes:
-        """The referee's answer (a JSON line, for the kernel) to a kernel's call ``line``."""
+    def ask(self, judge, session: str, line: bytes, seconds: float) -> tuple[bytes, dict]:
+        """The referee's answer (a JSON line, for the kernel) to a kernel's call ``line``, and what the
+        judge counts of the work it took (``Oracle.answer``)."""
         deadline = time.monotonic() + max(1.0, seconds)
         with self.lock:
             self.busy = True
@@ -478,10 +513,11 @@ class Referee:
                 self._load(judge)
                 body = line if line.endswith(b"\n") else line + b"\n"
                 self._send(json.dumps({"op": "ask", "key": judge.key, "session": session}).encode() + b"\n" + body)
-                return self._line(deadline)
+                counted = json.loads(self._line(deadline))
+                return self._line(deadline), counted if isinstance(counted, dict) else {}
             except (RefereeGone, OSError, ValueError) as error:  # also a process closed under the read
                 self.close()
-                return verdict.dumps({"error": {"type": "RuntimeError", "message": f"the grader: {error}"}})
+                return verdict.dumps({"error": {"type": "RuntimeError", "message": f"the grader: {error}"}}), {}
             finally:
                 self.busy = False
 

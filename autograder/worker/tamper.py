@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from IPython.core.inputtransformer2 import TransformerManager
 
+from course_checks import compat
+
 from ..cells import nbgrader_of, tracked_id
 from ..flags import (
     CELL_DELETED,
@@ -82,8 +84,40 @@ _FUNCTION_INNARDS = {
     "__class__",
     "__bases__",
 }
+# Reads that reach what a function or a running call holds (its globals, closure cells, code, a
+# caller's variables): how an answer finds the checker's objects, or learns that it is being checked.
+_INNARDS_READ = ("__globals__", "__closure__", "__code__", "cell_contents", "__builtins__")
+_FRAME_ATTRIBUTES = ("f_back", "f_locals", "f_globals", "tb_frame", "gi_frame", "cr_frame", "ag_frame")
+_FRAME_CALLS = {
+    "sys._getframe": "sys._getframe",
+    "sys._current_frames": "sys._current_frames",
+    "sys.settrace": "sys.settrace",
+    "sys.setprofile": "sys.setprofile",
+    "sys.gettrace": "sys.gettrace",
+    "sys.getprofile": "sys.getprofile",
+    "threading.settrace": "threading.settrace",
+    "threading.setprofile": "threading.setprofile",
+    "inspect.currentframe": "inspect.currentframe",
+    "inspect.stack": "inspect.stack",
+    "inspect.trace": "inspect.trace",
+    "inspect.getouterframes": "inspect.getouterframes",
+    "inspect.getinnerframes": "inspect.getinnerframes",
+}
+# The shell's ways of running code around a student's cells: hooks on its events, rewriting what a
+# cell says before it runs, and writing into the namespace behind the notebook's back.
+_SHELL_HOOKS = {
+    "input_transformers_post": "adds an input transformer",
+    "input_transformers_cleanup": "adds an input transformer",
+    "input_transformer_manager": "adds an input transformer",
+    "ast_transformers": "adds an AST transformer",
+    "user_ns": "reaches into IPython's user_ns",
+    "user_global_ns": "reaches into IPython's user_ns",
+}
+# What a cell runs through and how its error is shown: replacing one can make a failed cell report success
+# (the session's ``send`` aside: honest code names its own methods so; the kernel's detector watches it).
+SHELL_METHODS = tuple(name for names in compat.SHELL_METHODS.values() for name in names if name != "send")
 # Findings that mean the grading helpers themselves may have been changed.
-_FORGING = (*GRADING_PACKAGES, "sys.modules", "a function's", "computed object")
+_FORGING = (*GRADING_PACKAGES, "sys.modules", "a function's", "computed object", "the shell's")
 
 
 def forges_helpers(finding: str) -> bool:
@@ -133,6 +167,10 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
                 for package in GRADING_PACKAGES:
                     if package in node.value or package == "autograder" and "AUTOGRADER_" in node.value:
                         found.append(f"names the grading package {package} in a string (an indirect route to it)")
+                for name in (*_INNARDS_READ, *_FRAME_ATTRIBUTES, "_getframe"):
+                    if name in node.value:
+                        found.append(f"names {name} in a string (an indirect route to what a call holds)")
+            found.extend(_introspection(node, resolve))
             if (
                 isinstance(node, ast.Attribute)
                 and node.attr in _FUNCTION_INNARDS
@@ -182,6 +220,47 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
                     if module.split(".")[0] in (*GRADING_PACKAGES, "ctypes", "nbgrader", "importlib", "gc"):
                         found.append(f"imports {module}")
     return list(dict.fromkeys(found))
+
+
+def _introspection(node, resolve) -> list[str]:
+    """What ``node`` reads of a function's or a running call's innards, or how it hooks into the shell."""
+    found = []
+    if isinstance(node, ast.Attribute):
+        stored = isinstance(node.ctx, (ast.Store, ast.Del))
+        if node.attr in _INNARDS_READ and not stored:
+            found.append(f"reads function innards ({node.attr})")
+        if node.attr in _FRAME_ATTRIBUTES:
+            found.append(f"inspects the call stack ({node.attr})")
+        full = resolve(_dotted(node))
+        if full in _FRAME_CALLS:
+            found.append(f"inspects the call stack ({_FRAME_CALLS[full]})")
+        if node.attr in _SHELL_HOOKS:
+            found.append(_SHELL_HOOKS[node.attr])
+        if (
+            node.attr in ("register", "callbacks")
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "events"
+        ):
+            found.append("registers an IPython event hook")
+        if node.attr in SHELL_METHODS and stored:
+            found.append(f"replaces the shell's {node.attr}")
+    if isinstance(node, ast.Call) and _dotted(node.func) == "compile":
+        filename = (
+            node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "filename"), None)
+        )
+        if not (isinstance(filename, ast.Constant) and str(filename.value).startswith("<")):
+            found.append("compiles code under a file name of its choosing (a library's, to hide a loop from a probe)")
+    if isinstance(node, ast.Name) and resolve(node.id) in _FRAME_CALLS:  # from inspect import stack
+        found.append(f"inspects the call stack ({resolve(node.id)})")
+    if isinstance(node, ast.Call) and _dotted(node.func) in ("setattr", "delattr") and len(node.args) > 1:
+        name = node.args[1]
+        if isinstance(name, ast.Constant) and name.value in SHELL_METHODS:
+            found.append(f"replaces the shell's {name.value}")
+    if isinstance(node, ast.Call) and _dotted(node.func) == "getattr" and len(node.args) > 1:
+        name = node.args[1]
+        if isinstance(name, ast.Constant) and name.value in (*_INNARDS_READ, *_FRAME_ATTRIBUTES):
+            found.append(f"reads function innards ({name.value})")
+    return found
 
 
 def inspect(nb, released, view: GradebookView) -> Inspection:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from nbgrader.utils import compute_checksum, determine_grade, is_grade, is_solution, is_task
 
 from ..cells import error_output, graded_id, nbgrader_of
-from ..flags import CHECKS_MISSING, PATCHED_FUNCTIONS
+from ..flags import CHECK_INTERFERED, CHECKS_MISSING, OBSERVED_IN_KERNEL, PATCHED_FUNCTIONS
 from ..messages import mistake_of, tagged, tampering_message
 from ..records import CheckRecord
 
@@ -29,6 +29,7 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
 
     records, flags = [], []
     faulty = {f.cell for f in execution.faults if f.kind in ("hung", "died", "memory", "not-run")}
+    stopped = {f.cell for f in execution.faults} | set(execution.errored)  # cells known to have ended in error
     for index, cell in enumerate(nb.cells):
         gid = graded_id(cell)
         if gid not in expected:
@@ -48,6 +49,14 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                     flags.append(CHECKS_MISSING)
             elif not verdict.finished:
                 message = f"The hidden checks of `{exercise}` did not finish (the cell was stopped)."
+                if index not in stopped and not errors:
+                    # stopped, and yet its cell reported no error: the notebook hid how it ended
+                    message = tagged(
+                        message + " Yet the cell reported no error: the notebook stopped the check and hid "
+                        "it, so it gives no points; it is flagged for review.",
+                        "tampering",
+                    )
+                    flags.append(CHECK_INTERFERED)
             else:
                 message = verdict.message
             if forged and message is None:
@@ -55,6 +64,8 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                 message = tampering_message([f"code that {f}" for f in forged])
             if verdict is not None and verdict.tampered:
                 flags.append(PATCHED_FUNCTIONS)
+            if verdict is not None and verdict.review:
+                flags.append(OBSERVED_IN_KERNEL)
             if message and mistake_of(message) == "tampering" and verdict is not None:
                 flags.append(PATCHED_FUNCTIONS)
             if message and not any(o.get("evalue") == message for o in errors):
@@ -71,6 +82,8 @@ def apply_verdicts(nb, server, expected: dict, execution, forged=()) -> tuple[li
                     judge.mistake_name(exercise, mistake) if judge and mistake else None,
                 )
             )
+    if server.interference:
+        flags.append(CHECK_INTERFERED)
     return records, flags
 
 
