@@ -22,21 +22,6 @@ ASSIGNMENTS = release.assignments()
 # Binder gives 2 GB: the server (~150 MB), the notebook's kernel and Validate's
 # second kernel (widgets and demos skipped, so no bigger) must fit.
 NOTEBOOK_MEMORY_BUDGET_MB = 800
-# Notebooks whose student version runs top to bottom with only the checks of unwritten
-# exercises failing (their demos print which exercise they wait for); in the others some
-# demos still raise NotImplementedError until the exercise above them is written.
-DEMOS_NAME_UNWRITTEN_EXERCISES = {
-    "00_start_here",
-    "01_attention",
-    "02_causal_masking",
-    "03_multi_head_attention",
-    "04_rope",
-    "05_grouped_query_attention",
-    "06_transformer_block",
-    "07_llama",
-    "08_kv_cache",
-    "09_efficient_attention",
-}
 
 
 def readme_memory_mb() -> dict[str, int]:
@@ -104,10 +89,10 @@ def test_readme_states_each_notebooks_memory_within_binders_budget():
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_student_notebook_widgets_wait_for_the_learner(assignment, student_run):
-    """Untouched, every widget cell still runs: it shows a message instead of failing. In
-    the notebooks whose demos say which exercise they wait for, every cell but the checks does."""
+    """Untouched, every cell but the checks still runs: a widget or a demo says which exercise it
+    waits for instead of failing."""
     run = student_run(assignment)
-    for cell in run.notebook.cells if assignment in DEMOS_NAME_UNWRITTEN_EXERCISES else []:
+    for cell in run.notebook.cells:
         if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade", False):
             errors = [f"{o.ename}: {o.evalue}" for o in cell.outputs if o.output_type == "error"]
             assert not errors, f"a cell that is not a check failed: {cell.source[:300]}\n{errors}"

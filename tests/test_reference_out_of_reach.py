@@ -37,21 +37,11 @@ import pytest
 from grading_harness import NOTEBOOKS, Course, grade, grade_cells, reference_answers, sandbox_works
 
 from autograder.flags import REVIEW_FLAGS
+from autograder.release import assignments
 
 pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot start a sandbox here")
 
-ASSIGNMENTS = [
-    "00_start_here",
-    "01_attention",
-    "02_causal_masking",
-    "03_multi_head_attention",
-    "04_rope",
-    "05_grouped_query_attention",
-    "06_transformer_block",
-    "07_llama",
-    "08_kv_cache",
-    "09_efficient_attention",
-]
+ASSIGNMENTS = assignments()  # every notebook of solutions/
 MIN_LINE = 24  # shorter lines (`return x`) are common to any code
 
 # The fingerprint of a code object, the same in the test and in the kernel (one source).
