@@ -32,6 +32,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from browser_harness import CHROMIUM
 
 from autograder.answers import html_text, notebook_text, scan
 from autograder.classcopy import course_answers
@@ -212,13 +213,13 @@ def test_every_course_command_in_the_readme_exists_with_its_options():
 # ---------------------------------------------------------------- in a browser
 
 
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 @pytest.mark.browser
-def test_the_start_page_and_a_notebook_page_render_with_their_launch_buttons(site, tmp_path):
-    from browser_harness import ARTIFACTS, CHROMIUM, launch_browser
-    from playwright.sync_api import sync_playwright
+def test_the_start_page_and_a_notebook_page_render_with_their_launch_buttons(site, browser):
+    """Through the session's browser (conftest), started with the browser tests: a later test may
+    leave an asyncio loop marked running in this thread, where playwright's sync API cannot start."""
+    from browser_harness import ARTIFACTS
 
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(BUILD))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -226,34 +227,32 @@ def test_the_start_page_and_a_notebook_page_render_with_their_launch_buttons(sit
     shots = ARTIFACTS / "site"
     shots.mkdir(parents=True, exist_ok=True)
     try:
-        with sync_playwright() as playwright:
-            browser = launch_browser(playwright)
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.goto(f"{base}/index.html")
-            assert page.title().startswith("Attention & Transformers")
-            navigation = page.locator(".bd-sidebar-primary")
-            for title in ("Start here", "Teaching a graded class", "What a submission cannot do", "01 · Attention"):
-                assert navigation.get_by_text(title, exact=False).count() >= 1, title
-            page.screenshot(path=shots / "start-page.png")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{base}/index.html")
+        assert page.title().startswith("Attention & Transformers")
+        navigation = page.locator(".bd-sidebar-primary")
+        for title in ("Start here", "Teaching a graded class", "What a submission cannot do", "01 · Attention"):
+            assert navigation.get_by_text(title, exact=False).count() >= 1, title
+        page.screenshot(path=shots / "start-page.png")
 
-            page.goto(f"{base}/notebooks/01_attention/01_attention.html")
-            assert page.locator("h1").first.inner_text().startswith("01")
-            page.locator(".dropdown-launch-buttons > button").click()
-            menu = page.locator(".dropdown-launch-buttons .dropdown-menu")
-            menu.wait_for(state="visible")
-            for name, start in (
-                ("Binder", "https://mybinder.org/v2/gh/course-test-org/class-copy/main?"),
-                ("Colab", "https://colab.research.google.com/github/course-test-org/class-copy/"),
-                ("JupyterHub", f"{HUB}/hub/user-redirect/git-pull?"),
-            ):
-                link = menu.get_by_text(name, exact=True).locator("xpath=ancestor::a")
-                assert link.get_attribute("href").startswith(start), name
-            page.screenshot(path=shots / "notebook-page.png")
-            # a widget's picture on the page has pixels, not a broken image
-            pictures = page.locator("img[src$='.png']:not([alt$='logo'])")
-            assert pictures.count() >= 2
-            assert pictures.first.evaluate("img => img.complete && img.naturalWidth > 0")
-            browser.close()
+        page.goto(f"{base}/notebooks/01_attention/01_attention.html")
+        assert page.locator("h1").first.inner_text().startswith("01")
+        page.locator(".dropdown-launch-buttons > button").click()
+        menu = page.locator(".dropdown-launch-buttons .dropdown-menu")
+        menu.wait_for(state="visible")
+        for name, start in (
+            ("Binder", "https://mybinder.org/v2/gh/course-test-org/class-copy/main?"),
+            ("Colab", "https://colab.research.google.com/github/course-test-org/class-copy/"),
+            ("JupyterHub", f"{HUB}/hub/user-redirect/git-pull?"),
+        ):
+            link = menu.get_by_text(name, exact=True).locator("xpath=ancestor::a")
+            assert link.get_attribute("href").startswith(start), name
+        page.screenshot(path=shots / "notebook-page.png")
+        # a widget's picture on the page has pixels, not a broken image
+        pictures = page.locator("img[src$='.png']:not([alt$='logo'])")
+        assert pictures.count() >= 2
+        assert pictures.first.evaluate("img => img.complete && img.naturalWidth > 0")
+        page.close()
     finally:
         server.shutdown()
         server.server_close()
