@@ -126,3 +126,17 @@ def ran_solution(lab, browser):
     for notebook in opened.values():
         if not isinstance(notebook, Exception):
             notebook.page.close()
+
+
+# ---------------------------------------------------------------- the suite on every core
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``-n N --dist loadgroup`` (what ``./course test`` gives the whole suite): a test file's
+    tests run in one process, so its module- and class-scoped set-ups (a graded class, a cluster,
+    a built site) are made once; the files whose tests ask for ``ran_solution`` run together, so
+    each notebook's Run All in the browser is made once for all of them."""
+    run_all = {item.path for item in items if "ran_solution" in getattr(item, "fixturenames", ())}
+    for item in items:
+        group = "browser-run-all" if item.path in run_all else item.path.stem
+        item.add_marker(pytest.mark.xdist_group(group))
