@@ -55,6 +55,7 @@ from course_checks import verdict
 from .. import compare, messages, reference
 from ..exercises import module_for
 from ..messages import mistake_of
+from . import phases
 from .referee import ReferenceCodec, describe_answer
 
 
@@ -293,6 +294,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 if not line:
                     return
                 server.idle.clear()
+                mark = phases.begin(server.phases)
                 try:
                     try:
                         reply, invocation, more = server.answer_on(invocation, verdict.parse_line(line), line)
@@ -307,6 +309,7 @@ class _Handler(socketserver.StreamRequestHandler):
                         verdict.write_line(self.wfile, reply)
                 finally:
                     server.idle.set()
+                    phases.end(server.phases, "judge", mark)
                 if not more:
                     return
         except OSError:
@@ -334,6 +337,7 @@ class Invocation:
     message: str | None = None  # what its result earned, recorded at its end
     ended: bool = False
     counted: dict = field(default_factory=dict)  # what the referee counted of its substitutes' work
+    opened: tuple = ()  # when its shipment went out (``phases.begin``): the kernel's side runs from there
 
 
 PROXY_OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
@@ -372,6 +376,8 @@ class VerdictServer:
         self._connection = None  # the connection being served now
         self.idle = threading.Event()  # set unless a request is being answered
         self.idle.set()
+        self.phases: dict = {}  # judge, substitutes, referee: seconds within the cells (``worker.phases``)
+        self.checking = 0.0  # seconds the kernel's side of the checks took (probes, cases), within the cells
         if os.path.exists(path):
             os.unlink(path)
         self.server = _UnixServer(path, _Handler)
@@ -440,7 +446,8 @@ class VerdictServer:
         stopped = self._let_go()
         self._drop()
         if stopped:  # between cells: its start-up counts against no learner's cell
-            self.referee.prepare(self.judges.values())
+            with phases.timed(self.phases, "referee"):
+                self.referee.prepare(self.judges.values())
 
     def _let_go(self) -> bool:
         """The substitutes' calls of the cell that ended: one still running is stopped, and what
@@ -546,7 +553,7 @@ class VerdictServer:
             if "message" in reply:
                 return {"message": self._finish(cell, record, reply["message"])}, None
             self.grants[(cell, name)] = set(reply.pop("grant", ()))
-            invocation = Invocation(cell, name, record)
+            invocation = Invocation(cell, name, record, opened=phases.begin(self.phases))
         return {**reply, "invocation": invocation.token}, invocation
 
     def _continue(self, invocation: Invocation, request: dict, line: bytes) -> tuple:
@@ -565,6 +572,7 @@ class VerdictServer:
         if op in PROXY_OPS and not record.reported:
             return self._substitute(request, line, invocation), invocation, True
         if op in ("result", "missing") and not record.reported:
+            self.checking += phases.since(self.phases, invocation.opened)
             tampered = self._tampered(request)
             if op == "missing":
                 message = messages.tampering_message(tampered) if tampered else str(request.get("problem"))[:4000]
@@ -615,9 +623,10 @@ class VerdictServer:
             self.asked = True
         if self.referee is None:
             return {"refused": "The reference cannot be reached here."}
-        answer, counted = self.referee.ask(
-            self.judges[str(request.get("assignment"))], self.session, line, self.seconds
-        )
+        with phases.timed(self.phases, "substitutes"):
+            answer, counted = self.referee.ask(
+                self.judges[str(request.get("assignment"))], self.session, line, self.seconds
+            )
         if invocation is not None:  # what the referee counted of the work, for the check that asked
             for key, value in counted.items():
                 if isinstance(value, int) and not isinstance(value, bool):
