@@ -310,6 +310,8 @@ class _Handler(socketserver.StreamRequestHandler):
                 finally:
                     server.idle.set()
                     phases.end(server.phases, "judge", mark)
+                    if invocation is not None and not invocation.opened:  # its check runs in the kernel from here
+                        invocation.opened = phases.begin(server.phases)
                 if not more:
                     return
         except OSError:
@@ -337,7 +339,7 @@ class Invocation:
     message: str | None = None  # what its result earned, recorded at its end
     ended: bool = False
     counted: dict = field(default_factory=dict)  # what the referee counted of its substitutes' work
-    opened: tuple = ()  # when its shipment went out (``phases.begin``): the kernel's side runs from there
+    opened: tuple = ()  # when its shipment had gone out (``phases.begin``): the kernel's side runs from there
 
 
 PROXY_OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
@@ -553,7 +555,7 @@ class VerdictServer:
             if "message" in reply:
                 return {"message": self._finish(cell, record, reply["message"])}, None
             self.grants[(cell, name)] = set(reply.pop("grant", ()))
-            invocation = Invocation(cell, name, record, opened=phases.begin(self.phases))
+            invocation = Invocation(cell, name, record)
         return {**reply, "invocation": invocation.token}, invocation
 
     def _continue(self, invocation: Invocation, request: dict, line: bytes) -> tuple:
@@ -572,7 +574,7 @@ class VerdictServer:
         if op in PROXY_OPS and not record.reported:
             return self._substitute(request, line, invocation), invocation, True
         if op in ("result", "missing") and not record.reported:
-            self.checking += phases.since(self.phases, invocation.opened)
+            self.checking += phases.since(self.phases, invocation.opened) if invocation.opened else 0.0
             tampered = self._tampered(request)
             if op == "missing":
                 message = messages.tampering_message(tampered) if tampered else str(request.get("problem"))[:4000]
