@@ -558,8 +558,9 @@ def describe_checkout(checkout: Path) -> str:
     return (found.stdout.strip() or str(checkout)) + (" + changes" if dirty.stdout.strip() else "")
 
 
-def phases_run(base: Path, checkout: Path, python: str, args) -> dict[str, list[dict]]:
-    """Grade a clean class of ``checkout``'s notebooks with its own grader, 1 worker then ``args.workers``."""
+def phases_run(base: Path, checkout: Path, python: str, name: str, args) -> dict[str, list[dict]]:
+    """Grade a clean class of ``checkout``'s notebooks (``name``: its commit) with its own grader,
+    1 worker then ``args.workers``."""
     pristine = base / checkout.name / "class"
     shutil.rmtree(pristine, ignore_errors=True)
     only = [a.strip() for a in args.notebooks.split(",") if a.strip()] if args.notebooks else None
@@ -580,7 +581,7 @@ def phases_run(base: Path, checkout: Path, python: str, args) -> dict[str, list[
         flagged = sum(1 for n in notebooks if n["flags"])
         label = f"{workers} worker{'s' if workers > 1 else ''}"
         print(
-            f"  {describe_checkout(checkout)}, {label}: {len(notebooks)} notebooks of {args.students} x "
+            f"  {name}, {label}: {len(notebooks)} notebooks of {args.students} x "
             f"{len(assignments)} graded ({flagged} flagged) in {wall:.1f} s; load average {load:.1f} before, "
             f"{os.getloadavg()[0]:.1f} after",
             flush=True,
@@ -596,14 +597,14 @@ def phases_main(args) -> int:
     base = args.keep or Path(tempfile.mkdtemp(prefix="grading-phases-"))
     checkouts = [(REPOSITORY, sys.executable)] + [(Path(c).resolve(), checkout_python(Path(c))) for c in args.against]
     try:
-        measured = {}
+        measured, names = {}, {}
         for checkout, python in checkouts:
-            print(f"\ngrading a clean class with {describe_checkout(checkout)} ({checkout})", flush=True)
-            measured[checkout] = phases_run(base, checkout, python, args)
+            names[checkout] = describe_checkout(checkout)  # before grading: what was graded with
+            print(f"\ngrading a clean class with {names[checkout]} ({checkout})", flush=True)
+            measured[checkout] = phases_run(base, checkout, python, names[checkout], args)
         for checkout, columns in measured.items():
             print(
-                f"\nwhere a notebook's time goes: {describe_checkout(checkout)} ({checkout}), "
-                f"{len(os.sched_getaffinity(0))} cores"
+                f"\nwhere a notebook's time goes: {names[checkout]} ({checkout}), {len(os.sched_getaffinity(0))} cores"
             )
             print("\n".join(phases_table(columns)))
         print("\nthe figures every release records, side by side:")
@@ -611,7 +612,7 @@ def phases_main(args) -> int:
             "\n".join(
                 outside_table(
                     {
-                        f"{describe_checkout(c)[:9]} {label.split()[0]}w": notebooks
+                        f"{names[c][:9]} {label.split()[0]}w": notebooks
                         for c, columns in measured.items()
                         for label, notebooks in columns.items()
                     }
