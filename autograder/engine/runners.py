@@ -168,11 +168,6 @@ def _pool_process_init(
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
     from ..worker import pipeline  # noqa: F401  (what grading imports, while the sandbox warms up)
-    from ..worker.referee import for_slot
-
-    # The sandbox's referee starts now too (it imports torch while the sandbox warms up), not in the
-    # first notebook's time; the run's limits are every job's (``referee.for_slot`` keeps the first).
-    for_slot(station.everyone[0].sandbox.slot, limits.memory_mb).start()
 
     station.give_back(station.take())  # ready
     _station.append(station)
