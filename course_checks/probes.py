@@ -231,7 +231,7 @@ class HeadLoop:
 
         def trace(frame, event, arg):
             code = frame.f_code
-            counts[code.co_filename, frame.f_lineno, code.co_qualname.replace(".<locals>", "")] += 1
+            counts[code.co_filename, frame.f_lineno or 0, code.co_qualname.replace(".<locals>", "")] += 1
             if event == "call":
                 frame.f_trace_opcodes = True
             return trace
