@@ -574,11 +574,16 @@ def mha_kernel(tmp_path, answers):
         server.close()
 
 
-def _check_no_head_loop(mha_kernel, source: str = ""):
+def _check_no_head_loop(mha_kernel, source: str = "", then=None):
+    """The check's outcome and verdict; ``then(namespace)`` runs after it in its cell (the visible checks)."""
     server, remote, namespace = mha_kernel
     exec(source, namespace)
     outcome = checks.diagnose(MHA, "no_head_loop", namespace, judge=remote)
-    outcome.restore()
+    try:
+        if then is not None:
+            then(namespace)
+    finally:
+        outcome.restore()
     (record,) = server.cell_verdicts("test_no_head_loop")
     return outcome, record
 
@@ -597,10 +602,19 @@ def _kernel_alone(namespace: dict, source: str):
 
 def test_03s_batched_attention_is_counted_outside_and_passes(mha_kernel):
     """The reference's forward pass: the referee answers one call of `attention` per pass, carrying all
-    the heads ((1, 2, 3, 8), then (1, 8, 3, 2)); it passes, with nothing to review."""
-    outcome, record = _check_no_head_loop(mha_kernel)
+    the heads ((1, 2, 3, 8), then (1, 8, 3, 2)); it passes, with nothing to review. The visible checks
+    after it in its cell call the substitute still in place, and get the reference's answers."""
+    visible = []
+
+    def visible_checks(namespace):
+        module = namespace["MultiHeadAttention"](8, 4)
+        visible.append((namespace["attention"], module(torch.randn(1, 3, 8)).shape))
+
+    outcome, record = _check_no_head_loop(mha_kernel, then=visible_checks)
     assert outcome.passed, outcome.message
     assert record.passed and record.review == []
+    [(substitute, shape)] = visible
+    assert getattr(substitute, "__proxy_ref__", None) == "answer:attention" and shape == (1, 3, 8)
 
 
 @pytest.mark.parametrize(
