@@ -9,6 +9,7 @@ objects the referee holds, a dataclass.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import types
@@ -427,27 +428,35 @@ CALLS_GENERATE = (
 )
 
 
-@pytest.fixture
-def kv_kernel(tmp_path, answers):
-    """Notebook 08's real judge and referee, its generate_cached check's cell running; the namespace a
-    kernel would have (the set-up cells run here) and the reference's own generate_cached source."""
+@contextlib.contextmanager
+def notebook_kernel(tmp_path, answers, assignment: str, cell: str, run=()):
+    """A notebook's real judge and referee, the check cell ``cell`` running (every other one counted as
+    run); the namespace a kernel would have (the set-up cells, and the reference's answer cells ``run``,
+    run here), its cells by grade id: (server, the kernel's judge, namespace, cells)."""
     from autograder import reference
 
-    cells = reference.source_cells(KV)
-    kv_judge = judge.Judge(KV, cells)
-    expected = {f"test_{name}": [(KV, name)] for name in kv_judge.exercises}
-    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {KV: kv_judge}, expected, answers, 60)
-    server.new_kernel([cell for cell in expected if cell != "test_generate_cached"])
-    server.start_cell("test_generate_cached")
+    cells = reference.source_cells(assignment)
+    notebook_judge = judge.Judge(assignment, cells)
+    expected = {f"test_{name}": [(assignment, name)] for name in notebook_judge.exercises}
+    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {assignment: notebook_judge}, expected, answers, 60)
+    server.new_kernel([other for other in expected if other != cell])
+    server.start_cell(cell)
     namespace: dict = {}
     for grade_id, source in cells:
-        if grade_id.startswith("setup"):
+        if grade_id.startswith("setup") or grade_id in run:
             exec(source, namespace)
     try:
-        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace, dict(cells)["generate_cached"]
+        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace, dict(cells)
     finally:
         server.end_cell()
         server.close()
+
+
+@pytest.fixture
+def kv_kernel(tmp_path, answers):
+    """Notebook 08's generate_cached check's cell running, and the reference's own generate_cached source."""
+    with notebook_kernel(tmp_path, answers, KV, "test_generate_cached") as (server, remote, namespace, cells):
+        yield server, remote, namespace, cells["generate_cached"]
 
 
 def _check_generate_cached(kv_kernel, source: str):
@@ -553,25 +562,10 @@ SPLITS_IN_A_LOOP = (
 
 @pytest.fixture
 def mha_kernel(tmp_path, answers):
-    """Notebook 03's real judge and referee, its no_head_loop check's cell running; the namespace a
-    kernel would have (the set-up cells and the reference's answers run here)."""
-    from autograder import reference
-
-    cells = reference.source_cells(MHA)
-    mha_judge = judge.Judge(MHA, cells)
-    expected = {f"test_{name}": [(MHA, name)] for name in mha_judge.exercises}
-    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {MHA: mha_judge}, expected, answers, 60)
-    server.new_kernel([cell for cell in expected if cell != "test_no_head_loop"])
-    server.start_cell("test_no_head_loop")
-    namespace: dict = {}
-    for grade_id, source in cells:
-        if grade_id.startswith("setup") or grade_id in ("split_heads", "merge_heads", "MultiHeadAttention"):
-            exec(source, namespace)
-    try:
-        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace
-    finally:
-        server.end_cell()
-        server.close()
+    """Notebook 03's no_head_loop check's cell running, the reference's answers run in the kernel."""
+    run = ("split_heads", "merge_heads", "MultiHeadAttention")
+    with notebook_kernel(tmp_path, answers, MHA, "test_no_head_loop", run) as (server, remote, namespace, _):
+        yield server, remote, namespace
 
 
 def _check_no_head_loop(mha_kernel, source: str = "", then=None):
