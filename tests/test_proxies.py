@@ -510,8 +510,8 @@ MHA_INIT = (
     "    def forward(self, x, mask=None):\n"
     "        q, k, v = (split_heads(p(x), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))\n"
 )
-LOOP_OVER_HEADS = (
-    "heads = [attention(q[:, h], k[:, h], v[:, h], mask) for h in range(self.n_heads)]\n"
+LOOP_OVER_HEADS = (  # its calls by name: the referee reads the queries wherever they are passed
+    "heads = [attention(q=q[:, h], k=k[:, h], v=v[:, h], mask=mask) for h in range(self.n_heads)]\n"
     "out = self.o_proj(merge_heads(torch.stack(heads, dim=1)))\n"
 )
 # A loop over heads whose forward empties the probe's step count (in its tracer's closure) before it

@@ -28,6 +28,7 @@ answers on stdout, one JSON line each, until stdin closes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import resource
@@ -231,9 +232,7 @@ class Oracle:
             handles.append(module.register_forward_hook(_recorder(calls, index)))
         counted["embedded"] = 0
         if op == "call":  # what the call was given, seen here: the kernel cannot forge it
-            first = args[0] if args else None
-            shape = "x".join(map(str, first.shape)) if isinstance(first, torch.Tensor) else "-"
-            counted[f"calls/{target}/{shape[:100]}"] = 1
+            counted[f"calls/{target}/{_first_shape(value, args, kwargs)}"] = 1
         for embedding in _embeddings(this, *args, *kwargs.values()):
             handles.append(embedding.register_forward_hook(_positions(counted)))
         reply: dict = {}
@@ -281,6 +280,16 @@ class Oracle:
         if calls:
             reply["calls"] = calls[:MAX_HOOK_CALLS]
         return reply
+
+
+def _first_shape(function, args: list, kwargs: dict) -> str:
+    """The shape of ``function``'s first parameter in this call, as ``"1x8x3x2"`` (passed by position or
+    by name); ``"-"`` when it is no tensor or the call does not fit the signature."""
+    try:
+        first = next(iter(inspect.signature(function).bind(*args, **kwargs).arguments.values()), None)
+    except (TypeError, ValueError):
+        first = None
+    return "x".join(map(str, first.shape))[:100] if isinstance(first, torch.Tensor) else "-"
 
 
 def _embeddings(*values) -> list:
