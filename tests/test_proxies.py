@@ -642,3 +642,17 @@ def test_03s_loop_the_referee_cannot_see_is_still_found_by_the_kernels_count(mha
     outcome, _ = _check_no_head_loop(mha_kernel, SPLITS_IN_A_LOOP)
     assert not outcome.passed and "[mistake:head-loop]" in outcome.message, outcome.message
     assert "split_heads" in outcome.message, outcome.message
+
+
+def test_03s_calls_of_too_many_shapes_are_flagged_for_review_not_scored(mha_kernel, monkeypatch):
+    """A forward pass that first calls `attention` with more different shapes than the judge counts apart
+    (here 8), so that its calls per head add up under "overflow", then loops over heads and empties the
+    kernel's step count: the calls decide nothing, so the kernel's report stands, and the check asks for
+    a human's look."""
+    monkeypatch.setattr(judge, "MAX_COUNTS", 8)
+    floods = FORGES_THE_STEP_COUNT.replace(
+        "        heads = [", "        [attention(*[torch.zeros(1, 3, 9 + i)] * 3) for i in range(8)]\n        heads = ["
+    )
+    outcome, record = _check_no_head_loop(mha_kernel, floods)
+    assert outcome.passed, outcome.message
+    assert len(record.review) == 1 and "more different shapes" in record.review[0], record.review
