@@ -23,6 +23,7 @@ import dataclasses
 import html
 import io
 import math
+import os
 import re
 import time
 from importlib import resources
@@ -88,7 +89,11 @@ def save_trained_model(model, chars: list[str], steps: int) -> Path:
         "chars": list(chars),
         "steps": int(steps),
     }
-    torch.save(saved, path)
+    # written beside it, then renamed into place: a run killed while saving, or a notebook 08 that
+    # loads it meanwhile, never finds half a file
+    partial = path.with_name(f".{TRAINED_MODEL}.{os.getpid()}.partial")
+    torch.save(saved, partial)
+    os.replace(partial, path)
     return path
 
 
