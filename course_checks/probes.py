@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import inspect
 import linecache
 import os
@@ -27,6 +28,9 @@ import torch
 # Bound now (the warm interpreter imports this module before any notebook): a notebook that
 # swaps ``sys.settrace`` / ``sys.gettrace`` afterwards cannot keep a probe from counting.
 _settrace, _gettrace = sys.settrace, sys.gettrace
+# The collector runs finalizers of earlier cells' objects (a closed socket's, say) wherever it
+# happens to start: the head-loop count runs with it collected first and paused.
+_collect, _gc_disable, _gc_enable, _gc_isenabled = gc.collect, gc.disable, gc.enable, gc.isenabled
 
 
 def _is_view_error(error: BaseException) -> bool:
@@ -231,12 +235,14 @@ class HeadLoop:
 
         def trace(frame, event, arg):
             code = frame.f_code
-            counts[code.co_filename, frame.f_lineno, code.co_qualname.replace(".<locals>", "")] += 1
+            counts[code.co_filename, frame.f_lineno or 0, code.co_qualname.replace(".<locals>", "")] += 1
             if event == "call":
                 frame.f_trace_opcodes = True
             return trace
 
-        previous = _gettrace()
+        previous, collecting = _gettrace(), _gc_isenabled()
+        _collect()
+        _gc_disable()
         _settrace(trace)
         try:
             with torch.no_grad():
@@ -244,6 +250,8 @@ class HeadLoop:
         finally:
             current = _gettrace()
             _settrace(previous)
+            if collecting:
+                _gc_enable()
         if current is not trace:
             raise _TracerRemoved()
         return counts

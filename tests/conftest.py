@@ -131,11 +131,59 @@ def ran_solution(lab, browser):
 # ---------------------------------------------------------------- the suite on every core
 
 
+# The fast loop (``./course test --quick``, docs/maintainers.md): everything but these files, which
+# run or grade whole notebooks, build environments, start servers or clusters, or drive chromium
+# (the ``browser`` marker leaves out the rest of the browser's tests) ... and one notebook's grading.
+SLOW_FILES = {
+    "test_gradebook_postgres",
+    "test_grade_command",
+    "test_grade_distributed",
+    "test_grade_intake",
+    "test_grader_package",
+    "test_installed_course",
+    "test_jupyterhub_cycle",
+    "test_kernel_isolation",
+    "test_lms",
+    "test_llama_training",
+    "test_nbgrader_fresh_clone",
+    "test_notebooks",
+    "test_reference_out_of_reach",
+    "test_site",
+    "test_student_package",
+    "test_student_setup",
+    "test_teaching",
+    "test_watch",
+    "test_without_transformers",
+}
+QUICK_GRADING = "test_grading_01_attention"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="the fast loop: the unit tests and notebook 01's grading, no browser (a few minutes)",
+    )
+
+
+def quick(item) -> bool:
+    """Whether ``--quick`` keeps this test."""
+    stem = item.path.stem
+    if item.get_closest_marker("browser") or stem in SLOW_FILES:
+        return False
+    return not stem.startswith("test_grading_") or stem == QUICK_GRADING
+
+
 def pytest_collection_modifyitems(config, items):
-    """With ``-n N --dist loadgroup`` (what ``./course test`` gives the whole suite): a test file's
+    """``--quick``: only the fast loop's tests (the others are reported as deselected).
+
+    With ``-n N --dist loadgroup`` (what ``./course test`` gives the whole suite): a test file's
     tests run in one process, so its module- and class-scoped set-ups (a graded class, a cluster,
     a built site) are made once; the files whose tests ask for ``ran_solution`` run together, so
     each notebook's Run All in the browser is made once for all of them."""
+    if config.getoption("quick"):
+        config.hook.pytest_deselected(items=[item for item in items if not quick(item)])
+        items[:] = [item for item in items if quick(item)]
     run_all = {item.path for item in items if "ran_solution" in getattr(item, "fixturenames", ())}
     for item in items:
         group = "browser-run-all" if item.path in run_all else item.path.stem

@@ -11,6 +11,7 @@ The old Pythons are pyenv's, where this machine has them (skipped elsewhere).
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -430,3 +431,20 @@ def test_a_test_files_tests_share_a_process_and_the_browser_run_alls_one(tmp_pat
         "test_licence.py": {"test_licence"},
         "test_compare.py": {"test_compare"},
     }
+
+
+def test_the_quick_loop_keeps_the_unit_tests_and_one_notebooks_grading():
+    """./course test --quick: what pytest collects with it, and its list of slow files names real files."""
+    from conftest import QUICK_GRADING, SLOW_FILES
+
+    assert all((REPOSITORY / "tests" / f"{stem}.py").is_file() for stem in SLOW_FILES | {QUICK_GRADING})
+    files = ["tests/test_licence.py", "tests/test_grading_01_attention.py", "tests/test_grading_02_causal_masking.py"]
+    files += ["tests/test_browser_rope.py", "tests/test_notebooks.py"]
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--quick", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    kept = {line.split("::")[0] for line in result.stdout.splitlines() if "::" in line}
+    assert kept == {"tests/test_licence.py", "tests/test_grading_01_attention.py"}
+    assert re.search(r"\d+/\d+ tests collected \(\d+ deselected\)", result.stdout)

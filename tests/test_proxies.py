@@ -9,6 +9,7 @@ objects the referee holds, a dataclass.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import types
@@ -427,27 +428,35 @@ CALLS_GENERATE = (
 )
 
 
-@pytest.fixture
-def kv_kernel(tmp_path, answers):
-    """Notebook 08's real judge and referee, its generate_cached check's cell running; the namespace a
-    kernel would have (the set-up cells run here) and the reference's own generate_cached source."""
+@contextlib.contextmanager
+def notebook_kernel(tmp_path, answers, assignment: str, cell: str, run=()):
+    """A notebook's real judge and referee, the check cell ``cell`` running (every other one counted as
+    run); the namespace a kernel would have (the set-up cells, and the reference's answer cells ``run``,
+    run here), its cells by grade id: (server, the kernel's judge, namespace, cells)."""
     from autograder import reference
 
-    cells = reference.source_cells(KV)
-    kv_judge = judge.Judge(KV, cells)
-    expected = {f"test_{name}": [(KV, name)] for name in kv_judge.exercises}
-    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {KV: kv_judge}, expected, answers, 60)
-    server.new_kernel([cell for cell in expected if cell != "test_generate_cached"])
-    server.start_cell("test_generate_cached")
+    cells = reference.source_cells(assignment)
+    notebook_judge = judge.Judge(assignment, cells)
+    expected = {f"test_{name}": [(assignment, name)] for name in notebook_judge.exercises}
+    server = judge.VerdictServer(str(tmp_path / "verdicts.sock"), {assignment: notebook_judge}, expected, answers, 60)
+    server.new_kernel([other for other in expected if other != cell])
+    server.start_cell(cell)
     namespace: dict = {}
     for grade_id, source in cells:
-        if grade_id.startswith("setup"):
+        if grade_id.startswith("setup") or grade_id in run:
             exec(source, namespace)
     try:
-        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace, dict(cells)["generate_cached"]
+        yield server, proxies.RemoteJudge(verdict.Link(server.path)), namespace, dict(cells)
     finally:
         server.end_cell()
         server.close()
+
+
+@pytest.fixture
+def kv_kernel(tmp_path, answers):
+    """Notebook 08's generate_cached check's cell running, and the reference's own generate_cached source."""
+    with notebook_kernel(tmp_path, answers, KV, "test_generate_cached") as (server, remote, namespace, cells):
+        yield server, remote, namespace, cells["generate_cached"]
 
 
 def _check_generate_cached(kv_kernel, source: str):
@@ -483,3 +492,167 @@ def test_08s_passes_made_inside_the_kernel_are_flagged_for_review_not_scored(kv_
     outcome, record = _check_generate_cached(kv_kernel, CALLS_GENERATE)
     assert outcome.passed, outcome.message
     assert len(record.review) == 1 and "ran inside the kernel" in record.review[0], record.review
+
+
+# ---------------------------------------------------------------- 03: the calls of attention counted outside
+
+MHA = "03_multi_head_attention"
+MHA_INIT = (
+    "class MultiHeadAttention(nn.Module):\n"
+    "    def __init__(self, d_model, n_heads):\n"
+    "        super().__init__()\n"
+    "        self.n_heads = n_heads\n"
+    "        self.q_proj = nn.Linear(d_model, d_model, bias=False)\n"
+    "        self.k_proj = nn.Linear(d_model, d_model, bias=False)\n"
+    "        self.v_proj = nn.Linear(d_model, d_model, bias=False)\n"
+    "        self.o_proj = nn.Linear(d_model, d_model, bias=False)\n"
+    "\n"
+    "    def forward(self, x, mask=None):\n"
+    "        q, k, v = (split_heads(p(x), self.n_heads) for p in (self.q_proj, self.k_proj, self.v_proj))\n"
+)
+LOOP_OVER_HEADS = (  # its calls by name: the referee reads the queries wherever they are passed
+    "heads = [attention(q=q[:, h], k=k[:, h], v=v[:, h], mask=mask) for h in range(self.n_heads)]\n"
+    "out = self.o_proj(merge_heads(torch.stack(heads, dim=1)))\n"
+)
+# A loop over heads whose forward empties the probe's step count (in its tracer's closure) before it
+# returns: the kernel then reports as many steps with 8 heads as with 2.
+FORGES_THE_STEP_COUNT = (
+    MHA_INIT
+    + "".join(f"        {line}\n" for line in LOOP_OVER_HEADS.splitlines())
+    + "        import collections, sys\n"
+    "        tracer = sys.gettrace()\n"
+    "        for cell in getattr(tracer, '__closure__', None) or ():\n"
+    "            if isinstance(cell.cell_contents, collections.Counter):\n"
+    "                cell.cell_contents.clear()\n"
+    "        return out\n"
+)
+# A loop over heads in a thread of its own, where the probe's tracer (sys.settrace: this thread) counts nothing.
+LOOPS_IN_A_THREAD = (
+    MHA_INIT + "        import threading\n"
+    "        done = {}\n"
+    "        def loop():\n"
+    + "".join(f"            {line}\n" for line in LOOP_OVER_HEADS.splitlines())
+    + "            done['out'] = out\n"
+    "        worker = threading.Thread(target=loop)\n"
+    "        worker.start()\n"
+    "        worker.join()\n"
+    "        return done['out']\n"
+)
+# A loop over heads compiled under torch's own file name: no line of it reads as the learner's.
+LOOPS_UNDER_A_LIBRARY_NAME = (
+    "_source = 'def looped(self, q, k, v, mask):\\n"
+    "    heads = [attention(q[:, h], k[:, h], v[:, h], mask) for h in range(self.n_heads)]\\n"
+    "    return self.o_proj(merge_heads(torch.stack(heads, dim=1)))\\n'\n"
+    "exec(compile(_source, torch.__file__, 'exec'), globals())\n"
+    + MHA_INIT
+    + "        return looped(self, q, k, v, mask)\n"
+)
+EINSUM_WITHOUT_ATTENTION = (
+    MHA_INIT + "        scores = torch.einsum('bhtd,bhsd->bhts', q, k) / math.sqrt(q.shape[-1])\n"
+    "        if mask is not None:\n"
+    "            scores = scores.masked_fill(~mask, float('-inf'))\n"
+    "        return self.o_proj(merge_heads(torch.einsum('bhts,bhsd->bhtd', scores.softmax(dim=-1), v)))\n"
+)
+SPLITS_IN_A_LOOP = (
+    "def split_heads(x, n_heads):\n"
+    "    d = x.shape[-1] // n_heads\n"
+    "    return torch.stack([x[..., h * d:(h + 1) * d] for h in range(n_heads)], dim=1)\n"
+)
+
+
+@pytest.fixture
+def mha_kernel(tmp_path, answers):
+    """Notebook 03's no_head_loop check's cell running, the reference's answers run in the kernel."""
+    run = ("split_heads", "merge_heads", "MultiHeadAttention")
+    with notebook_kernel(tmp_path, answers, MHA, "test_no_head_loop", run) as (server, remote, namespace, _):
+        yield server, remote, namespace
+
+
+def _check_no_head_loop(mha_kernel, source: str = "", then=None):
+    """The check's outcome and verdict; ``then(namespace)`` runs after it in its cell (the visible checks)."""
+    server, remote, namespace = mha_kernel
+    exec(source, namespace)
+    outcome = checks.diagnose(MHA, "no_head_loop", namespace, judge=remote)
+    try:
+        if then is not None:
+            then(namespace)
+    finally:
+        outcome.restore()
+    (record,) = server.cell_verdicts("test_no_head_loop")
+    return outcome, record
+
+
+def _kernel_alone(namespace: dict, source: str):
+    """What the in-kernel probe alone reports of ``source``'s MultiHeadAttention, and its reading: the
+    verdict without the referee's count (self-study's, or issue 33's ``./course grade``)."""
+    from autograder import reference
+    from autograder.exercises.multi_head_attention import NO_HEAD_LOOP_PROPERTY
+
+    ref = reference.load(MHA)
+    exec(source, namespace)
+    seen = NO_HEAD_LOOP_PROPERTY.probe.run(namespace["MultiHeadAttention"], ref)
+    return seen, NO_HEAD_LOOP_PROPERTY.reading(seen, NO_HEAD_LOOP_PROPERTY.probe, ref)
+
+
+def test_03s_batched_attention_is_counted_outside_and_passes(mha_kernel):
+    """The reference's forward pass: the referee answers one call of `attention` per pass, carrying all
+    the heads ((1, 2, 3, 8), then (1, 8, 3, 2)); it passes, with nothing to review. The visible checks
+    after it in its cell call the substitute still in place, and get the reference's answers."""
+    visible = []
+
+    def visible_checks(namespace):
+        module = namespace["MultiHeadAttention"](8, 4)
+        visible.append((namespace["attention"], module(torch.randn(1, 3, 8)).shape))
+
+    outcome, record = _check_no_head_loop(mha_kernel, then=visible_checks)
+    assert outcome.passed, outcome.message
+    assert record.passed and record.review == []
+    [(substitute, shape)] = visible
+    assert getattr(substitute, "__proxy_ref__", None) == "answer:attention" and shape == (1, 3, 8)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [FORGES_THE_STEP_COUNT, LOOPS_IN_A_THREAD, LOOPS_UNDER_A_LIBRARY_NAME],
+    ids=["forged", "thread", "library"],
+)
+def test_03s_loop_over_heads_shows_outside_whatever_the_kernel_reports(mha_kernel, source):
+    """A loop over heads that fools the probe in the kernel (its step count emptied, the loop in a thread
+    of its own) or hides its lines (compiled under torch's file name): the referee answered one call of
+    `attention` per head, so the check fails with the head-loop diagnosis."""
+    if source is not LOOPS_UNDER_A_LIBRARY_NAME:  # the probe in the kernel alone is fooled
+        seen, alone = _kernel_alone(dict(mha_kernel[2]), source)
+        assert alone is None and seen["steps"][0] == seen["steps"][1], seen
+    outcome, record = _check_no_head_loop(mha_kernel, source)
+    assert not outcome.passed and "[mistake:head-loop]" in outcome.message, outcome.message
+    assert "called `attention` 16 times (16 on (1, 3, 2)" in outcome.message, outcome.message
+    assert not record.passed
+
+
+def test_03s_forward_without_attention_is_judged_by_its_kernels_count(mha_kernel):
+    """A forward pass that never calls `attention` (einsum): the referee sees nothing, and the kernel's
+    count decides; a correct one passes with nothing to review (as every correct alternative must)."""
+    outcome, record = _check_no_head_loop(mha_kernel, EINSUM_WITHOUT_ATTENTION)
+    assert outcome.passed and record.review == [], outcome.message
+
+
+def test_03s_loop_the_referee_cannot_see_is_still_found_by_the_kernels_count(mha_kernel):
+    """A loop over heads in the learner's own split_heads, with `attention` called once for all heads:
+    the referee sees a batched call, the kernel's count finds the loop, and that is believed."""
+    outcome, _ = _check_no_head_loop(mha_kernel, SPLITS_IN_A_LOOP)
+    assert not outcome.passed and "[mistake:head-loop]" in outcome.message, outcome.message
+    assert "split_heads" in outcome.message, outcome.message
+
+
+def test_03s_calls_of_too_many_shapes_are_flagged_for_review_not_scored(mha_kernel, monkeypatch):
+    """A forward pass that first calls `attention` with more different shapes than the judge counts apart
+    (here 8), so that its calls per head add up under "overflow", then loops over heads and empties the
+    kernel's step count: the calls decide nothing, so the kernel's report stands, and the check asks for
+    a human's look."""
+    monkeypatch.setattr(judge, "MAX_COUNTS", 8)
+    floods = FORGES_THE_STEP_COUNT.replace(
+        "        heads = [", "        [attention(*[torch.zeros(1, 3, 9 + i)] * 3) for i in range(8)]\n        heads = ["
+    )
+    outcome, record = _check_no_head_loop(mha_kernel, floods)
+    assert outcome.passed, outcome.message
+    assert len(record.review) == 1 and "more different shapes" in record.review[0], record.review

@@ -198,11 +198,12 @@ def test_every_course_command_in_the_readme_exists_with_its_options():
     for command, rest in lines:
         assert command in known, f"README.md runs ./course {command}, which the script does not know"
         options = re.findall(r"(--[a-z-]+)", rest)
-        if options and command in {"grade", "export-class", "docs"}:
-            module = {"grade": "autograder.grade", "export-class": "autograder.classcopy"}.get(command)
+        if options and command in {"grade", "export-class", "docs", "test"}:
+            modules = {"grade": "autograder.grade", "export-class": "autograder.classcopy", "test": "pytest"}
+            module = modules.get(command)
             help_command = [sys.executable, "-m", module] if module else [sys.executable, "tools/docs.py"]
             shown = subprocess.run(
-                [*help_command, "--help"], cwd=REPOSITORY, capture_output=True, text=True, timeout=60
+                [*help_command, "--help"], cwd=REPOSITORY, capture_output=True, text=True, timeout=180
             ).stdout
             for option in options:
                 assert option in shown, f"./course {command} has no option {option}"

@@ -88,9 +88,11 @@ class Property:
     judge (``ref``: the reference module, when the reading needs it).
 
     ``counted`` names a count the referee keeps of the work the check's substitutes did outside
-    the kernel (``"embedded"``: the token positions their embeddings read). Under ``./course grade``
-    the reading then gets ``{"kernel": what the probe saw, "outside": that count}``: what the
-    notebook's kernel cannot forge; elsewhere (no referee) what the probe saw alone.
+    the kernel: ``"embedded"``, the token positions their embeddings read; ``"calls/<name>"``, the
+    calls of the substitute ``name`` (``Exercise.counted_calls``), as {the shape of the first
+    argument, e.g. ``"1x8x3x2"``: how many calls}. Under ``./course grade`` the reading then gets
+    ``{"kernel": what the probe saw, "outside": that count}``: what the notebook's kernel cannot
+    forge; elsewhere (no referee) what the probe saw alone.
     """
 
     probe: Any
@@ -129,3 +131,9 @@ class Exercise:
     # like the dependencies (substitutes for answers of the notebook), under
     # the same rule: only once their own checks ran.
     reference_uses: Sequence[str] = ()
+    # Functions of the notebook's set-up code that, under ``./course grade``, the check hands in as
+    # substitutes the referee answers (in the learner's namespace while it runs, like the
+    # dependencies), so that the judge counts their calls outside the kernel (``Property.counted``
+    # ``"calls/<name>"``): e.g. 03's ``attention``, whose calls show a loop over heads. They are in
+    # the released notebook, so answering them outside gives nothing away.
+    counted_calls: Sequence[str] = ()

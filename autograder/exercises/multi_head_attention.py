@@ -22,6 +22,15 @@ judged by their syntax tree instead: no loop statement or comprehension
 outside ``__init__``. Either way a mistake elsewhere costs only its own check.
 The counting is ``course_checks.probes.HeadLoop`` (it runs where the learner's code runs);
 what it saw is read here.
+
+Under ``./course grade`` the learner's forward pass also gets, while the check runs, a substitute
+`attention` that the referee answers outside the kernel (``counted_calls``), and the judge counts
+its calls by the shape of their queries: without a loop over heads, as many calls with 8 heads as
+with 2, each carrying all the heads; with one, a call per head. What the referee counted decides
+when it shows a loop, whatever the kernel reported (a forged step count, a loop run in a thread the
+counter does not trace, a loop compiled under a library's file name). A loop it cannot see (in the
+learner's own `split_heads`, or in a forward pass that never calls `attention`: einsum, torch's
+scaled_dot_product_attention) is the kernel's count's to find, as in self-study.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import torch
 from course_checks.probes import HeadLoop, ViewError
 
 from ..messages import tagged
-from .catalogue import Case, Exercise, Mistake, Property, module_case
+from .catalogue import Case, Exercise, ForReview, Mistake, Property, module_case
 
 ASSIGNMENT = "03_multi_head_attention"
 
@@ -374,9 +383,80 @@ HEAD_LOOP = Mistake(
 )
 
 
+def _shape(key: str) -> tuple[int, ...] | None:
+    """The shape the referee wrote as ``"1x8x3x2"`` (None for an argument that was no tensor)."""
+    try:
+        return tuple(int(size) for size in key.split("x"))
+    except ValueError:
+        return None
+
+
+def _calls_seen_outside(outside: dict, probe) -> dict[int, list]:
+    """{heads: [(shape, calls)]}: the calls of `attention` the referee answered during the passes
+    with each head count of ``probe``, by the shape of their queries (those of a pass end in
+    (tokens, width / heads))."""
+    found = {heads: [] for heads in probe.heads}
+    for key, calls in outside.items():
+        shape = _shape(str(key))
+        if not shape or len(shape) < 2 or not isinstance(calls, int) or calls <= 0:
+            continue
+        for heads in probe.heads:
+            if shape[-2:] == (probe.tokens, probe.width // heads):
+                found[heads].append((shape, calls))
+    return found
+
+
+def _loop_seen_outside(outside: dict, probe) -> str | None:
+    """What the calls of `attention` the referee answered say of a loop over heads, or None.
+
+    Without a loop, a forward pass hands `attention` all its heads at once, whatever H: as many
+    calls with 8 heads as with 2, each carrying (B, H, ...) = H heads (as (B, H, T, d), (B·H, T, d)
+    or any other arrangement of the leading axes). A loop over heads makes more calls with more
+    heads, each carrying fewer than all of them (one head: (B, T, d))."""
+    few, many = probe.heads[0], probe.heads[-1]
+    found = _calls_seen_outside(outside, probe)
+    calls = {heads: sum(n for _, n in found[heads]) for heads in found}
+    partial = [(shape, n) for shape, n in found[many] if math.prod(shape[:-2]) < many]
+    if calls[many] <= calls[few] and not partial:
+        return None
+    shown = ", ".join(f"{n} on {tuple(shape)}" for shape, n in sorted(found[many], key=lambda item: -item[1])[:3])
+    return tagged(
+        f"`MultiHeadAttention`: {HEAD_LOOP.name}. In the check's forward passes with {many} heads your code "
+        f"called `attention` {calls[many]} times ({shown}: the last two axes are the tokens and the head "
+        f"size, the others the sequences and heads each call carries), with {few} heads {calls[few]} times. "
+        f"{HEAD_LOOP.hint}",
+        HEAD_LOOP.id,
+    )
+
+
 def _head_loop_reading(seen, probe, ref) -> str | None:
     """The message for what ``HeadLoop`` saw: None when one forward pass takes as many Python
-    steps with 8 heads as with 2."""
+    steps with 8 heads as with 2.
+
+    Under ``./course grade`` ``seen`` is ``{"kernel": what the probe saw, "outside": the calls of
+    `attention` the referee answered, by shape}`` (the check hands the learner's forward pass a
+    substitute `attention`, ``Exercise.counted_calls``). Calls that show a loop over heads decide,
+    whatever the kernel reported: a kernel that forges its step count (or loops where the counter
+    cannot see, in a thread) gains nothing. Otherwise the kernel's count decides: it is believed when
+    it finds a loop (a loop in the learner's own `split_heads`, say), and when it finds none it is
+    the only observation of a forward pass that never calls `attention` (einsum, torch's
+    scaled_dot_product_attention): forging it takes what the tamper scan flags (the tracer switched,
+    frames read, code compiled under another file name, the probe edited).
+    """
+    if isinstance(seen, dict) and "outside" in seen:
+        outside = seen.get("outside")
+        seen = seen.get("kernel")
+        outside = outside if isinstance(outside, dict) else {}
+        found = _loop_seen_outside(outside, probe)
+        if found:
+            return found
+        if outside.get("overflow"):  # calls of so many shapes that the grader could not tell them apart
+            kernel = _head_loop_reading(seen, probe, ref)
+            return kernel or ForReview(
+                "`MultiHeadAttention` called `attention` with more different shapes than the grader counts "
+                "apart, so its calls could not show whether it loops over the heads; its kernel reported no "
+                "loop. Whether it loops over the heads is for you to read in its code."
+            )
     name = "MultiHeadAttention"
     if not isinstance(seen, dict):
         return f"`{name}`: the check of its forward pass did not report what it saw."
@@ -411,7 +491,9 @@ def _head_loop_reading(seen, probe, ref) -> str | None:
 
 
 NO_HEAD_LOOP_PROPERTY = Property(
-    HeadLoop(width=PROBE_WIDTH, tokens=PROBE_TOKENS, heads=PROBE_HEADS, fallback=_GIVEN), _head_loop_reading
+    HeadLoop(width=PROBE_WIDTH, tokens=PROBE_TOKENS, heads=PROBE_HEADS, fallback=_GIVEN),
+    _head_loop_reading,
+    counted="calls/attention",
 )
 
 
@@ -450,5 +532,6 @@ EXERCISES = {
         mistakes=(HEAD_LOOP,),
         properties=(NO_HEAD_LOOP_PROPERTY,),
         reference_uses=_GIVEN,
+        counted_calls=("attention",),
     ),
 }

@@ -197,15 +197,35 @@ class Judge:
                 "message": f"`{name}` is checked before `{early[0]}`, which it builds on: "
                 "keep the notebook's cells in their original order."
             }
+        counted = self.counted_calls(name)
         return {
             "setup": [(gid, source) for gid, source in self.cells if gid in self.setup_ids],
-            "answers": {key: value for key, value in self.described().items() if key not in own},
+            "answers": {
+                **{key: value for key, value in self.described().items() if key not in own},
+                **{key: describe_answer(getattr(self.ref, key)) for key in counted},
+            },
             "target": exercise.target or name,
-            "depends_on": list(exercise.depends_on),
+            "depends_on": [*exercise.depends_on, *(key for key in counted if key not in exercise.depends_on)],
             "probes": probes,
             "cases": cases,
-            "grant": sorted(needed),
+            "grant": sorted(needed | set(counted)),
         }
+
+    def counted_calls(self, name: str | None = None) -> list[str]:
+        """The set-up functions whose calls the referee answers and counts for the check of ``name``
+        (``Exercise.counted_calls``), or for any check of this assignment: only functions of the
+        set-up code (the released notebook's), never an answer."""
+        wanted = (
+            self.exercises[name].counted_calls
+            if name is not None
+            else [call for exercise in self.exercises.values() for call in exercise.counted_calls]
+        )
+        return sorted(
+            key
+            for key in set(wanted) - self.answers
+            if any(key in self.defines.get(gid, ()) for gid in self.setup_ids)
+            and isinstance(getattr(self.ref, key, None), types.FunctionType)
+        )
 
     def mistake_name(self, name: str, mistake_id: str | None) -> str | None:
         """The learner-facing name of a catalogued mistake (for the class report)."""
@@ -258,7 +278,7 @@ class Judge:
             return f"`{target}`: the check did not report what it saw of the whole `{target}`."
         if counted is not None:
             seen = [
-                {"kernel": observation, "outside": counted.get(prop.counted, 0)} if prop.counted else observation
+                {"kernel": observation, "outside": _counted(counted, prop.counted)} if prop.counted else observation
                 for prop, observation in zip(exercise.properties, seen)
             ]
         with self.lock:
@@ -277,6 +297,20 @@ class Judge:
         with self.lock:
             problem = compare.disagreement(exercise, cases, values, self.expected(name), self.ref, self._predict(name))
             return messages.finish(target, problem)
+
+
+def _counted(counted: dict, name: str):
+    """What the referee counted under ``name`` (``Property.counted``): a number, or for a family of
+    counts (``"calls/attention"``) {what follows the name: its count}."""
+    if "/" not in name:
+        return counted.get(name, 0)
+    prefix = name + "/"
+    return {key[len(prefix) :]: value for key, value in counted.items() if key.startswith(prefix)}
+
+
+# Distinct counts one check keeps (shapes of calls); past them a family's new keys add up under
+# "<family>/overflow", which a reading cannot place (``multi_head_attention`` then asks for a review).
+MAX_COUNTS = 10_000
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -631,8 +665,11 @@ class VerdictServer:
             )
         if invocation is not None:  # what the referee counted of the work, for the check that asked
             for key, value in counted.items():
-                if isinstance(value, int) and not isinstance(value, bool):
-                    invocation.counted[key] = invocation.counted.get(key, 0) + value
+                if not isinstance(value, int) or isinstance(value, bool):
+                    continue
+                if key not in invocation.counted and len(invocation.counted) >= MAX_COUNTS and "/" in key:
+                    key = key.rpartition("/")[0] + "/overflow"
+                invocation.counted[key] = invocation.counted.get(key, 0) + value
         return answer
 
     def cell_verdicts(self, grade_id: str) -> list[Verdict]:

@@ -28,6 +28,7 @@ answers on stdout, one JSON line each, until stdin closes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import resource
@@ -185,19 +186,20 @@ class Oracle:
     """The referee process's state: the reference modules, and the objects held for each notebook."""
 
     def __init__(self):
-        self.refs: dict[str, tuple] = {}  # key -> (module, answer names)
+        self.refs: dict[str, tuple] = {}  # key -> (module, answer names, counted set-up functions)
         self.sessions: dict[str, Session] = {}
 
-    def load(self, key: str, assignment: str, cells, answers) -> None:
+    def load(self, key: str, assignment: str, cells, answers, counted=()) -> None:
         if key not in self.refs:
-            self.refs[key] = (reference.from_cells(assignment, cells), frozenset(answers))
+            self.refs[key] = (reference.from_cells(assignment, cells), frozenset(answers), frozenset(counted or ()))
 
     def forget(self, session: str) -> None:
         self.sessions.pop(session, None)
 
     def answer(self, key: str, session_id: str, line: bytes, counted: dict | None = None) -> dict:
         """The reply to a kernel's call ``line``; ``counted`` gets what the judge counts of the work
-        it took (``embedded``: the token positions every embedding read)."""
+        it took (``embedded``: the token positions every embedding read; ``calls/<function>/<shape>``:
+        a call of a function, by the shape of its first argument)."""
         try:
             return self._answer(key, session_id, line, {} if counted is None else counted)
         except verdict.ProtocolError as error:
@@ -211,9 +213,9 @@ class Oracle:
 
     def _answer(self, key: str, session_id: str, line: bytes, counted: dict) -> dict:
         request = verdict.parse_line(line)
-        ref, answers = self.refs[key]
+        ref, answers, counted_calls = self.refs[key]
         op, target = request.get("op"), request.get("target")
-        if op not in OPS or target not in answers:
+        if op not in OPS or not (target in answers or (op == "call" and target in counted_calls)):
             raise verdict.ProtocolError("not a call the grader answers")
         session = self.sessions.setdefault(session_id, Session())
         codec = ReferenceCodec(ref, answers, session)
@@ -229,6 +231,8 @@ class Oracle:
         for index, module in enumerate(codec.hooked):
             handles.append(module.register_forward_hook(_recorder(calls, index)))
         counted["embedded"] = 0
+        if op == "call":  # what the call was given, seen here: the kernel cannot forge it
+            counted[f"calls/{target}/{_first_shape(value, args, kwargs)}"] = 1
         for embedding in _embeddings(this, *args, *kwargs.values()):
             handles.append(embedding.register_forward_hook(_positions(counted)))
         reply: dict = {}
@@ -276,6 +280,16 @@ class Oracle:
         if calls:
             reply["calls"] = calls[:MAX_HOOK_CALLS]
         return reply
+
+
+def _first_shape(function, args: list, kwargs: dict) -> str:
+    """The shape of ``function``'s first parameter in this call, as ``"1x8x3x2"`` (passed by position or
+    by name); ``"-"`` when it is no tensor or the call does not fit the signature."""
+    try:
+        first = next(iter(inspect.signature(function).bind(*args, **kwargs).arguments.values()), None)
+    except (TypeError, ValueError):
+        first = None
+    return "x".join(map(str, first.shape))[:100] if isinstance(first, torch.Tensor) else "-"
 
 
 def _embeddings(*values) -> list:
@@ -337,7 +351,9 @@ def main(config: dict) -> None:
             command = json.loads(header)
             op = command.get("op")
             if op == "load":
-                oracle.load(command["key"], command["assignment"], command["cells"], command["answers"])
+                oracle.load(
+                    command["key"], command["assignment"], command["cells"], command["answers"], command.get("counted")
+                )
                 reply = {"loaded": True}
             elif op == "forget":
                 oracle.forget(str(command.get("session")))
@@ -484,6 +500,7 @@ class Referee:
                     "assignment": judge.assignment,
                     "cells": judge.cells,
                     "answers": sorted(judge.answers),
+                    "counted": judge.counted_calls(),
                 },
                 time.monotonic() + 120,
             )
