@@ -186,3 +186,4 @@ class Result:
     worker: str = ""
     sandbox_launch: int = 0  # which of its worker's sandboxes it ran in (a new one after one was retired)
     started: float = 0.0  # when its worker began it (epoch seconds)
+    phases: dict = field(default_factory=dict)  # phase -> seconds on its worker (``worker.phases``)

@@ -28,6 +28,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,10 +137,15 @@ def grade_at(station: Station, job: Job) -> Result:
     # here, on a worker: the grade command's own process, which imports this module, never imports torch
     from ..worker.pipeline import grade_submission
 
+    began = time.monotonic()
     seat = station.take()
     try:
         seat.sandbox.ensure()
-        return grade_submission(job, seat.sandbox, seat.judges)
+        before = time.monotonic() - began  # the interpreter checked, or replaced, before the notebook
+        result = grade_submission(job, seat.sandbox, seat.judges)
+        result.phases["interpreter"] = result.phases.get("interpreter", 0.0) + before
+        result.seconds += before
+        return result
     finally:
         station.give_back(seat)
 

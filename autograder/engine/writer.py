@@ -82,6 +82,7 @@ class Ledger:
             "worker": result.worker,
             "sandbox_launch": result.sandbox_launch,
             "started": result.started,
+            "phases": {name: round(seconds, 5) for name, seconds in result.phases.items()},
         }
         with self.db:
             self.db.execute(
@@ -224,6 +225,7 @@ class Graded:
     results: list[Result] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     commit_seconds: float = 0.0
+    commit_each: list[float] = field(default_factory=list)  # each result's commit, in the order committed
     first_result: float | None = None  # seconds from the start of the command
     interrupted: bool = False
 
@@ -241,7 +243,8 @@ def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
     def commit(result: Result) -> None:
         began = time.perf_counter()
         writer.commit(result)
-        graded.commit_seconds += time.perf_counter() - began
+        graded.commit_each.append(time.perf_counter() - began)
+        graded.commit_seconds += graded.commit_each[-1]
         graded.results.append(result)
         if len(jobs) - len(graded.results) < workers:
             _warm_matplotlib()
@@ -276,6 +279,7 @@ def record_run(course, graded: Graded, seconds: float) -> None:
                 "notebooks": len(graded.results),
                 "seconds": round(seconds, 3),
                 "commit_seconds": round(graded.commit_seconds, 4),
+                "commit_each": [round(seconds, 5) for seconds in graded.commit_each],
                 "main_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
                 "first_result_seconds": None if graded.first_result is None else round(graded.first_result, 3),
             }

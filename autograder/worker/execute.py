@@ -35,10 +35,13 @@ from nbformat.v4 import new_output
 from ..cells import error_output, graded_id
 from ..compat import ForkedKernelManager, ObservedExecute, accept_kernel_info
 from ..sandboxing.bubblewrap import Limits, SandboxGone, WarmSandbox
+from .phases import timed
 
 
 class SandboxKernelManager(ForkedKernelManager):
     """A Jupyter kernel forked by a ``WarmSandbox``; nbclient drives it like any other."""
+
+    phases: dict | None = None  # the notebook's seconds per phase (``worker.phases``), set by its executor
 
     def __init__(
         self,
@@ -82,17 +85,18 @@ class SandboxKernelManager(ForkedKernelManager):
         self.write_connection_file()
         if self.sandbox.as_root and self.sandbox.sandboxed and self.sandbox.uid is not None:
             os.chown(self.connection_file, self.sandbox.uid, self.sandbox.uid)
-        reply = self.sandbox.request(
-            "spawn",
-            connection_file=self.connection_file,
-            cwd=self.kernel_cwd,
-            env=self.kernel_env,
-            arguments=self.kernel_arguments,
-            limits=asdict(self.limits),
-            files=self.kernel_files,
-            log="/tmp/kernel.log",
-            timeout=120,
-        )
+        with timed(self.phases, "fork"):
+            reply = self.sandbox.request(
+                "spawn",
+                connection_file=self.connection_file,
+                cwd=self.kernel_cwd,
+                env=self.kernel_env,
+                arguments=self.kernel_arguments,
+                limits=asdict(self.limits),
+                files=self.kernel_files,
+                log="/tmp/kernel.log",
+                timeout=120,
+            )
         self._pid = reply["pid"]
 
     def lock(self) -> None:
@@ -133,7 +137,8 @@ class SandboxKernelManager(ForkedKernelManager):
 
     async def shutdown(self) -> None:
         try:
-            reply = self.sandbox.reset(self._pid)
+            with timed(self.phases, "interpreter"):
+                reply = self.sandbox.reset(self._pid)
             if reply.get("cpu") is not None:
                 self.cpu = reply["cpu"]
         except SandboxGone:
@@ -187,6 +192,7 @@ class Execution:
     cell_cpu_seconds: float = 0.0  # CPU time the kernels used running them
     kernel_seconds: float = 0.0  # starting and stopping kernels
     kernels: int = 0
+    phases: dict = field(default_factory=dict)  # fork, boot, interpreter: seconds (``worker.phases``)
     faults: list[Fault] = field(default_factory=list)
     truncated: list[int] = field(default_factory=list)  # cells whose printed output was cut
     stray_processes: int = 0  # processes cells left behind, killed
@@ -227,6 +233,7 @@ class ContainedExecute(ObservedExecute):
         self._cut: set[int] = set()
         self._kernel_count = 0
         self._errored: set[int] = set()
+        self.phases: dict = {}
         self.on_cell_executed = self._note_reply
 
     # ------------------------------------------------------------ nbclient hooks
@@ -322,7 +329,8 @@ class ContainedExecute(ObservedExecute):
         self._kernel_count += 1
         for attempt in range(2):
             try:
-                self.sandbox.ensure()
+                with timed(self.phases, "interpreter"):
+                    self.sandbox.ensure()
                 self.km = SandboxKernelManager(
                     self.sandbox,
                     self.limits,
@@ -332,13 +340,16 @@ class ContainedExecute(ObservedExecute):
                     self.kernel_arguments,
                     self.kernel_files,
                 )
-                await self.km.start_kernel()
-                self.kc = self.km.client()
-                self.kc.start_channels()
-                await self._ready(time.monotonic() + max(60.0, self.startup_timeout))
-                self.kc.allow_stdin = False
-                self.km.lock()
-                self.km.sweep()
+                self.km.phases = self.phases
+                with timed(self.phases, "boot"):
+                    await self.km.start_kernel()
+                    self.kc = self.km.client()
+                    self.kc.start_channels()
+                    await self._ready(time.monotonic() + max(60.0, self.startup_timeout))
+                    self.kc.allow_stdin = False
+                    self.km.lock()
+                with timed(self.phases, "interpreter"):
+                    self.km.sweep()
                 self.km.cpu_ready = self.km.cpu
                 return
             except (SandboxGone, DeadKernelError, RuntimeError) as error:
@@ -347,6 +358,10 @@ class ContainedExecute(ObservedExecute):
                     raise RuntimeError(f"no kernel could start: {error}; {self.sandbox.log_tail()}") from error
 
     async def _stop_kernel(self) -> None:
+        with timed(self.phases, "boot"):  # the reset inside is the interpreter's phase
+            await self._let_kernel_go()
+
+    async def _let_kernel_go(self) -> None:
         if self.km is not None:
             self._swept += self.km.swept
         km = self.km
@@ -429,7 +444,8 @@ class ContainedExecute(ObservedExecute):
                 cell = self.nb.cells[index]
                 if outcome in ("ok", "timeout"):
                     if self.km is not None:
-                        report.stray_processes += self.km.sweep()
+                        with timed(self.phases, "interpreter"):
+                            report.stray_processes += self.km.sweep()
                     if outcome == "timeout":
                         report.faults.append(Fault(index, "timeout", f"interrupted after {self.timeout} s"))
                     headroom = self.km.headroom_mb if self.km is not None else None
@@ -481,6 +497,7 @@ class ContainedExecute(ObservedExecute):
         report.stray_processes += self._swept
         report.cell_cpu_seconds = self._cell_cpu
         report.errored = sorted(self._errored)
+        report.phases = dict(self.phases)
         for index in sorted(self._cut):
             report.truncated.append(index)
             note = (

@@ -55,6 +55,7 @@ from course_checks import verdict
 from .. import compare, messages, reference
 from ..exercises import module_for
 from ..messages import mistake_of
+from . import phases
 from .referee import ReferenceCodec, describe_answer
 
 
@@ -327,6 +328,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 if not line:
                     return
                 server.idle.clear()
+                mark = phases.begin(server.phases)
                 try:
                     try:
                         reply, invocation, more = server.answer_on(invocation, verdict.parse_line(line), line)
@@ -341,6 +343,9 @@ class _Handler(socketserver.StreamRequestHandler):
                         verdict.write_line(self.wfile, reply)
                 finally:
                     server.idle.set()
+                    phases.end(server.phases, "judge", mark)
+                    if invocation is not None and not invocation.opened:  # its check runs in the kernel from here
+                        invocation.opened = phases.begin(server.phases)
                 if not more:
                     return
         except OSError:
@@ -368,6 +373,7 @@ class Invocation:
     message: str | None = None  # what its result earned, recorded at its end
     ended: bool = False
     counted: dict = field(default_factory=dict)  # what the referee counted of its substitutes' work
+    opened: tuple = ()  # when its shipment had gone out (``phases.begin``): the kernel's side runs from there
 
 
 PROXY_OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
@@ -406,6 +412,8 @@ class VerdictServer:
         self._connection = None  # the connection being served now
         self.idle = threading.Event()  # set unless a request is being answered
         self.idle.set()
+        self.phases: dict = {}  # judge, substitutes, referee: seconds within the cells (``worker.phases``)
+        self.checking = 0.0  # seconds the kernel's side of the checks took (probes, cases), within the cells
         if os.path.exists(path):
             os.unlink(path)
         self.server = _UnixServer(path, _Handler)
@@ -474,7 +482,8 @@ class VerdictServer:
         stopped = self._let_go()
         self._drop()
         if stopped:  # between cells: its start-up counts against no learner's cell
-            self.referee.prepare(self.judges.values())
+            with phases.timed(self.phases, "referee"):
+                self.referee.prepare(self.judges.values())
 
     def _let_go(self) -> bool:
         """The substitutes' calls of the cell that ended: one still running is stopped, and what
@@ -599,6 +608,7 @@ class VerdictServer:
         if op in PROXY_OPS and not record.reported:
             return self._substitute(request, line, invocation), invocation, True
         if op in ("result", "missing") and not record.reported:
+            self.checking += phases.since(self.phases, invocation.opened) if invocation.opened else 0.0
             tampered = self._tampered(request)
             if op == "missing":
                 message = messages.tampering_message(tampered) if tampered else str(request.get("problem"))[:4000]
@@ -649,9 +659,10 @@ class VerdictServer:
             self.asked = True
         if self.referee is None:
             return {"refused": "The reference cannot be reached here."}
-        answer, counted = self.referee.ask(
-            self.judges[str(request.get("assignment"))], self.session, line, self.seconds
-        )
+        with phases.timed(self.phases, "substitutes"):
+            answer, counted = self.referee.ask(
+                self.judges[str(request.get("assignment"))], self.session, line, self.seconds
+            )
         if invocation is not None:  # what the referee counted of the work, for the check that asked
             for key, value in counted.items():
                 if not isinstance(value, int) or isinstance(value, bool):

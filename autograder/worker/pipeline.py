@@ -32,6 +32,7 @@ from ..sandboxing.bubblewrap import WarmSandbox, kernel_environment
 from . import judge, referee, tamper
 from .execute import ContainedExecute
 from .feedback import FeedbackPages, inert_notebook
+from .phases import add, timed
 from .read import read_submission, rejected_notebook
 from .sanitize import sanitize
 from .verdicts import apply_verdicts, decided_scores, disagreements, grades_of
@@ -101,14 +102,16 @@ def execute(g: Grading) -> None:
     """Cell by cell in the sandbox, the verdict server answering the checks."""
     spec, sandbox = g.job.spec, g.sandbox
     key = (spec.assignment, spec.fingerprint)
-    answers = referee.for_slot(sandbox.slot, g.job.limits.memory_mb)
-    if key not in g.judges:
-        g.judges[key] = judge.Judge(spec.assignment, spec.reference_cells)
-    answers.prepare([g.judges[key]])  # the reference's own process, ready before any cell runs
+    with timed(g.result.phases, "referee"):
+        answers = referee.for_slot(sandbox.slot, g.job.limits.memory_mb)
+        if key not in g.judges:
+            g.judges[key] = judge.Judge(spec.assignment, spec.reference_cells)
+        answers.prepare([g.judges[key]])  # the reference's own process, ready before any cell runs
     socket_path = str(sandbox.run_dir / "verdicts.sock")
-    g.server = judge.VerdictServer(
-        socket_path, {spec.assignment: g.judges[key]}, spec.expected, answers, g.job.limits.cell_seconds
-    )
+    with timed(g.result.phases, "judge"):
+        g.server = judge.VerdictServer(
+            socket_path, {spec.assignment: g.judges[key]}, spec.expected, answers, g.job.limits.cell_seconds
+        )
     executor = ContainedExecute(
         sandbox,
         g.job.limits,
@@ -132,6 +135,11 @@ def execute(g: Grading) -> None:
     result.cell_cpu_seconds = execution.cell_cpu_seconds
     result.kernel_seconds = execution.kernel_seconds
     result.kernels = execution.kernels
+    # the judge, the substitutes and the checks ran while a cell waited: they are not the cells' own time
+    during = {**g.server.phases, "checks": g.server.checking}
+    for name, seconds in [*execution.phases.items(), *during.items()]:
+        add(result.phases, name, seconds)
+    add(result.phases, "cells", max(0.0, execution.cell_seconds - sum(during.values())))
 
 
 def verdicts(g: Grading) -> None:
@@ -159,6 +167,16 @@ def inert(g: Grading) -> None:
 
 
 STEPS = [read, restore, inspect, sanitize_cells, execute, verdicts, limit_outputs, inert]
+# Each step's phase (``worker.phases``); ``execute`` times its own parts.
+PHASE_OF = {
+    read: "sanitize",
+    restore: "sanitize",
+    inspect: "sanitize",
+    sanitize_cells: "sanitize",
+    verdicts: "judge",
+    limit_outputs: "sanitize",
+    inert: "sanitize",
+}
 
 
 # ---------------------------------------------------------------- the unit of work
@@ -171,24 +189,25 @@ def finish(result: Result, nb, spec, started: float, decided: dict | None = None
     """Everything that is a function of the graded notebook, done here where it was graded:
     its JSON, its scores (``decided``'s for the test cells) and comments as nbgrader's
     ``SaveAutoGrades`` writes them, and the feedback page rendered from them."""
-    result.notebook_json = nbformat.writes(nb)
-    result.scores, result.comments = grades_of(nb, decided)
-    disagreeing = disagreements(nb, decided or {})
-    if disagreeing:
-        result.flags += [] if OUTPUTS_DISAGREE in result.flags else [OUTPUTS_DISAGREE]
-        result.messages += disagreeing
-    if spec.config is not None:
-        key = json.dumps(spec.config, sort_keys=True, default=repr)
-        if key not in _pages:
-            _pages[key] = FeedbackPages(spec.config)
-        result.feedback_html = _pages[key].render(
-            result.notebook_json,
-            result.student,
-            result.assignment,
-            result.notebook,
-            grades=result.scores,
-            comments=result.comments,
-        )
+    with timed(result.phases, "feedback"):
+        result.notebook_json = nbformat.writes(nb)
+        result.scores, result.comments = grades_of(nb, decided)
+        disagreeing = disagreements(nb, decided or {})
+        if disagreeing:
+            result.flags += [] if OUTPUTS_DISAGREE in result.flags else [OUTPUTS_DISAGREE]
+            result.messages += disagreeing
+        if spec.config is not None:
+            key = json.dumps(spec.config, sort_keys=True, default=repr)
+            if key not in _pages:
+                _pages[key] = FeedbackPages(spec.config)
+            result.feedback_html = _pages[key].render(
+                result.notebook_json,
+                result.student,
+                result.assignment,
+                result.notebook,
+                grades=result.scores,
+                comments=result.comments,
+            )
     result.seconds = time.monotonic() - started
     return result
 
@@ -216,14 +235,17 @@ def grade_submission(job: Job, sandbox: WarmSandbox, judges: dict) -> Result:
     }
     try:
         for step in STEPS:
-            step(g)
+            with timed(result.phases if step in PHASE_OF else None, PHASE_OF.get(step, "")):
+                step(g)
     except Rejected as rejection:
-        g.nb = rejected_notebook(job.spec, str(rejection))
+        with timed(result.phases, "sanitize"):
+            g.nb = rejected_notebook(job.spec, str(rejection))
         result.graded = False
         g.flag([NOT_GRADED], [] if any(str(rejection) in m for m in result.messages) else [str(rejection)])
     finally:
         if g.server is not None:
-            g.server.close()
+            with timed(result.phases, "judge"):
+                g.server.close()
         if not sandbox.sandboxed:
             shutil.rmtree(sandbox.work_dir(job.assignment), ignore_errors=True)
     return finish(result, g.nb, job.spec, g.started, g.decided if result.graded else None)

@@ -2,6 +2,7 @@
 
     ./course bench grading [--students 2] [--classes clean,mixed] [--skip-stock] [--skip-distributed]
                            [--writer 400] [--keep DIR]
+    ./course bench grading --phases [--students 2] [--notebooks 00_start_here,...] [--against CHECKOUT]
 
 For each class (``clean``: every answer right; ``mixed``: most right, some with
 one or two exercises wrong, a few broken: a syntax error, the untouched release,
@@ -23,6 +24,15 @@ and its feedback page, as a worker makes them) through the real writer into a
 fresh gradebook: the notebooks per second one writer sustains. From that and
 the measured worker seconds per notebook a sizing table follows: minutes to
 grade a class of a given size with a given number of workers. Nothing is asserted.
+
+``--phases`` grades a clean class with 1 and with ``--workers`` local workers and prints, per
+phase of a notebook's grading (``autograder.worker.phases``: the kernel's fork and boot, the
+referee, the cells, the judge, the substitutes, the checks, the interpreter's check, sanitizing,
+feedback, the writer), the median seconds per notebook and its share of the wall time, with their
+sum, the wall time and the rest. The workers time the phases as they grade (``Result.phases``, in
+the ledger). ``--against CHECKOUT`` grades the same class made from another checkout (set up with
+its own ``./course setup``) with that checkout's grader too; a release without the timing points
+shows what every release records (kernels, cells, the rest, the writer's mean).
 """
 
 from __future__ import annotations
@@ -51,15 +61,16 @@ sys.path.insert(0, str(REPOSITORY / "tests"))
 # ---------------------------------------------------------------- the class
 
 
-def make_course(root: Path, only: list[str] | None = None) -> list[str]:
-    """A course copy in ``root`` (config, solutions, a fresh gradebook and release); its assignments."""
+def make_course(root: Path, only: list[str] | None = None, repository: Path = REPOSITORY) -> list[str]:
+    """A course copy in ``root`` (``repository``'s config and solutions, a fresh gradebook and release);
+    its assignments."""
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
 
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPOSITORY / "nbgrader_config.py", root)
-    shutil.copytree(REPOSITORY / "solutions", root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copy(repository / "nbgrader_config.py", root)
+    shutil.copytree(repository / "solutions", root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     (root / "coursework").mkdir(exist_ok=True)
     config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
@@ -224,9 +235,12 @@ class PeakMemory:
         return sum(self._ticks.values()) / os.sysconf("SC_CLK_TCK")
 
 
-def _run(command: list[str], cwd: Path) -> tuple[float, tuple[float, float], float, subprocess.CompletedProcess]:
-    """(wall seconds, (peak PSS MB, peak RSS MB), CPU seconds of the whole process tree, the result)."""
-    env = {**os.environ, "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+def _run(
+    command: list[str], cwd: Path, python: str = sys.executable
+) -> tuple[float, tuple[float, float], float, subprocess.CompletedProcess]:
+    """(wall seconds, (peak PSS MB, peak RSS MB), CPU seconds of the whole process tree, the result);
+    ``python``'s environment first on PATH."""
+    env = {**os.environ, "PATH": str(Path(python).parent) + os.pathsep + os.environ.get("PATH", "")}
     with PeakMemory() as memory:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
@@ -437,6 +451,189 @@ def sizing(worker_s: float, rate: float, start_s: float) -> list[str]:
     return lines
 
 
+# ---------------------------------------------------------------- where a notebook's time goes (--phases)
+
+
+def graded_in_order(root: Path) -> list[dict]:
+    """Each graded notebook's summary from the ledger, in the order the writer committed them."""
+    import sqlite3
+
+    with sqlite3.connect(root / "coursework" / ".work" / "grading.sqlite") as db:
+        rows = db.execute("SELECT summary FROM graded ORDER BY graded_at").fetchall()
+    return [json.loads(summary) for (summary,) in rows]
+
+
+def notebook_phases(root: Path) -> list[dict]:
+    """Per graded notebook: ``phases`` (seconds per phase, as its worker recorded them, and its
+    commit by the writer), ``wall`` (its worker's seconds and its commit), ``kernel`` and ``cells``
+    (the figures every release records) and ``flags``."""
+    summaries = graded_in_order(root)
+    stats = run_stats(root)
+    commits = stats.get("commit_each")
+    if commits is None or len(commits) != len(summaries):  # a release before the timing points: the mean
+        commits = [stats.get("commit_seconds", 0.0) / max(1, len(summaries))] * len(summaries)
+    found = []
+    for summary, commit in zip(summaries, commits):
+        phases = {**(summary.get("phases") or {}), "writer": commit}
+        found.append(
+            {
+                "phases": phases,
+                "wall": summary.get("seconds", 0.0) + commit,
+                "kernel": summary.get("kernel_seconds", 0.0),
+                "cells": summary.get("cell_seconds", 0.0),
+                "worker": summary.get("seconds", 0.0),
+                "flags": summary.get("flags", []),
+            }
+        )
+    return found
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _cell(values: list[float], total: float) -> str:
+    """A phase's median seconds per notebook and its share of the notebooks' summed wall time."""
+    share = sum(values) / total if total else 0.0
+    return f"{_median(values):>10.3f}{share:>8.1%}"
+
+
+def phases_table(columns: dict[str, list[dict]]) -> list[str]:
+    """Rows: each phase, their sum, the notebook's wall time and the rest; a column per run."""
+    from autograder.worker.phases import PHASES
+
+    lines = [f"{'phase':<34}" + "".join(f"{label:>18}" for label in columns)]
+    lines.append(f"{'':<34}" + f"{'median s':>10}{'share':>8}" * len(columns))
+    walls = {label: sum(n["wall"] for n in notebooks) for label, notebooks in columns.items()}
+    recorded = {label: any(len(n["phases"]) > 1 for n in notebooks) for label, notebooks in columns.items()}
+
+    def row(name: str, value) -> str:
+        cells = []
+        for label, notebooks in columns.items():
+            if name in PHASES and name != "writer" and not recorded[label]:
+                cells.append(f"{'-':>10}{'-':>8}")  # a release without the timing points
+            else:
+                cells.append(_cell([value(n) for n in notebooks], walls[label]))
+        return f"{name:<34}" + "".join(cells)
+
+    for name in PHASES:
+        lines.append(row(name, lambda n, name=name: n["phases"].get(name, 0.0)))
+    lines.append(row("sum of the phases", lambda n: sum(n["phases"].values())))
+    lines.append(row("rest (unaccounted)", lambda n: n["wall"] - sum(n["phases"].values())))
+    lines.append(row("wall (worker + writer)", lambda n: n["wall"]))
+    return lines
+
+
+def outside_table(columns: dict[str, list[dict]]) -> list[str]:
+    """What every release records per notebook: kernels started and stopped, cells, the rest of
+    its worker's time, the writer (a release without ``commit_each``: its mean)."""
+    lines = [f"{'from outside':<34}" + "".join(f"{label:>18}" for label in columns)]
+    lines.append(f"{'':<34}" + f"{'median s':>10}{'share':>8}" * len(columns))
+    walls = {label: sum(n["wall"] for n in notebooks) for label, notebooks in columns.items()}
+    rows = [
+        ("kernels started and stopped", lambda n: n["kernel"]),
+        ("cells", lambda n: n["cells"]),
+        ("the rest of the worker's time", lambda n: n["worker"] - n["kernel"] - n["cells"]),
+        ("writer", lambda n: n["phases"]["writer"]),
+        ("wall (worker + writer)", lambda n: n["wall"]),
+    ]
+    for name, value in rows:
+        cells = "".join(_cell([value(n) for n in notebooks], walls[label]) for label, notebooks in columns.items())
+        lines.append(f"{name:<34}{cells}")
+    return lines
+
+
+def checkout_python(checkout: Path) -> str:
+    python = checkout / ".venv" / "bin" / "python"
+    if not python.is_file():
+        raise SystemExit(f"{checkout} has no .venv: run ./course setup there first")
+    return str(python)
+
+
+def describe_checkout(checkout: Path) -> str:
+    found = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+    )
+    return (found.stdout.strip() or str(checkout)) + (" + changes" if dirty.stdout.strip() else "")
+
+
+def phases_run(base: Path, checkout: Path, python: str, name: str, args) -> dict[str, list[dict]]:
+    """Grade a clean class of ``checkout``'s notebooks (``name``: its commit) with its own grader,
+    1 worker then ``args.workers``."""
+    pristine = base / checkout.name / "class"
+    shutil.rmtree(pristine, ignore_errors=True)
+    only = [a.strip() for a in args.notebooks.split(",") if a.strip()] if args.notebooks else None
+    assignments = make_course(pristine, only, repository=checkout)
+    submit_class(pristine, assignments, args.students, args.seed, clean=True)
+    columns = {}
+    for workers in sorted({1, args.workers}):
+        course = base / checkout.name / f"w{workers}"
+        shutil.rmtree(course, ignore_errors=True)
+        shutil.copytree(pristine, course, symlinks=True)
+        load = os.getloadavg()[0]
+        wall, _, _, result = _run(
+            [python, "-m", "autograder.grade", "--quiet", "--local", "--workers", str(workers)], course, python
+        )
+        if result.returncode:
+            print(result.stdout[-1500:], result.stderr[-1500:])
+        notebooks = notebook_phases(course)
+        flagged = sum(1 for n in notebooks if n["flags"])
+        label = f"{workers} worker{'s' if workers > 1 else ''}"
+        print(
+            f"  {name}, {label}: {len(notebooks)} notebooks of {args.students} x "
+            f"{len(assignments)} graded ({flagged} flagged) in {wall:.1f} s; load average {load:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after",
+            flush=True,
+        )
+        columns[label] = notebooks
+    return columns
+
+
+def phases_main(args) -> int:
+    """``--phases``: where a notebook's time goes, for this checkout and any ``--against``."""
+    from autograder.worker.phases import PHASES
+
+    base = args.keep or Path(tempfile.mkdtemp(prefix="grading-phases-"))
+    checkouts = [(REPOSITORY, sys.executable)] + [(Path(c).resolve(), checkout_python(Path(c))) for c in args.against]
+    try:
+        measured, names = {}, {}
+        for checkout, python in checkouts:
+            names[checkout] = describe_checkout(checkout)  # before grading: what was graded with
+            print(f"\ngrading a clean class with {names[checkout]} ({checkout})", flush=True)
+            measured[checkout] = phases_run(base, checkout, python, names[checkout], args)
+        for checkout, columns in measured.items():
+            print(
+                f"\nwhere a notebook's time goes: {names[checkout]} ({checkout}), {len(os.sched_getaffinity(0))} cores"
+            )
+            print("\n".join(phases_table(columns)))
+        print("\nthe figures every release records, side by side:")
+        print(
+            "\n".join(
+                outside_table(
+                    {
+                        f"{names[c][:9]} {label.split()[0]}w": notebooks
+                        for c, columns in measured.items()
+                        for label, notebooks in columns.items()
+                    }
+                )
+            )
+        )
+        print(
+            "\nmedian s: the median over the graded notebooks of the seconds each spent in the phase; share: the "
+            "phase's seconds summed over every notebook, over their wall times summed (so the shares and the "
+            "rest make 100%). wall: the notebook's seconds on its worker (from taking its sandbox to its "
+            "feedback page) and its commit by the writer; rest: the wall less every phase (the steps' glue, "
+            'waits no phase names). "-": a release without the timing points. The phases:'
+        )
+        for name, what in PHASES.items():
+            print(f"  {name:<12} {what}")
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=2)
@@ -447,7 +644,20 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", type=Path, help="build the classes here and keep them (default: a temporary folder)")
     parser.add_argument("--skip-stock", action="store_true", help="leave out stock nbgrader")
     parser.add_argument("--skip-distributed", action="store_true", help="leave out the local Dask cluster")
+    parser.add_argument(
+        "--phases", action="store_true", help="where a notebook's time goes: seconds per phase, clean class only"
+    )
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="CHECKOUT",
+        help="with --phases: also another checkout of the course (set up), graded by its own grader",
+    )
+    parser.add_argument("--notebooks", help="with --phases: only these assignments (comma-separated)")
     args = parser.parse_args(argv)
+    if args.phases:
+        return phases_main(args)
     # Stopped by a signal, as by Ctrl-C: unwind, so the local Dask cluster (its own sessions) stops too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     base = args.keep or Path(tempfile.mkdtemp(prefix="grading-bench-"))

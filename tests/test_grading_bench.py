@@ -1,0 +1,87 @@
+"""``./course bench grading --phases``: where a notebook's grading time goes, as a user runs it.
+
+The real command grades a tiny clean class (one student, notebook 00) with the real grader, once
+with one worker and once with two, and prints the seconds each phase took; the tests read that
+table. They check what the table says, never how fast anything was.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from grading_harness import sandbox_works
+
+from autograder.worker.phases import PHASES
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+NUMBER = r"(-?\d+\.\d+)\s+(-?\d+\.\d+)%"
+# Phases every graded notebook goes through (a notebook without substitutes or probes skips those two).
+ALWAYS = ("fork", "boot", "referee", "cells", "judge", "interpreter", "sanitize", "feedback", "writer")
+
+pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot start a sandbox here")
+
+
+@pytest.fixture(scope="module")
+def bench() -> str:
+    run = subprocess.run(
+        [str(REPOSITORY / "course"), "bench", "grading", "--phases", "--students", "1", "--notebooks", "00_start_here"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def table(output: str) -> dict[str, list[tuple[float, float]]]:
+    """This checkout's phase table: row name -> [(median seconds, share %) per column]."""
+    section = output.split("where a notebook's time goes:", 1)[1].split("the figures every release records", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        numbers = re.findall(NUMBER, line)
+        if numbers:
+            rows[line[:34].strip()] = [(float(seconds), float(share)) for seconds, share in numbers]
+    return rows
+
+
+def test_the_bench_grades_the_class_with_one_worker_and_with_two(bench):
+    graded = re.findall(r"(\d) workers?: (\d+) notebooks of 1 x 1 graded \((\d+) flagged\)", bench)
+    assert [(workers, count, flagged) for workers, count, flagged in graded] == [("1", "1", "0"), ("2", "1", "0")]
+    header = bench.split("where a notebook's time goes:", 1)[1].splitlines()[1]
+    assert "1 worker" in header and "2 workers" in header
+
+
+def test_every_phase_has_a_row_with_a_figure_per_column_and_a_line_of_legend(bench):
+    rows = table(bench)
+    for name in PHASES:
+        assert len(rows[name]) == 2, name
+        assert all(seconds >= 0 for seconds, _ in rows[name]), name
+        assert re.search(rf"^  {name}\s+\S", bench, re.MULTILINE), f"no legend for {name}"
+    for name in ALWAYS:  # each was timed where it ran, in every run
+        assert all(seconds > 0 for seconds, _ in rows[name]), name
+
+
+def test_the_phases_add_up_to_the_notebooks_wall_time_and_the_rest_is_what_is_left(bench):
+    rows = table(bench)
+    for column in range(2):
+        phases = sum(rows[name][column][0] for name in PHASES)
+        total, rest, wall = (
+            rows[name][column][0] for name in ("sum of the phases", "rest (unaccounted)", "wall (worker + writer)")
+        )
+        # one notebook per column: its medians are its own figures, printed to the millisecond
+        assert phases == pytest.approx(total, abs=0.001 * len(PHASES))
+        assert total <= wall + 0.001
+        assert rest == pytest.approx(wall - total, abs=0.002)
+        shares = sum(rows[name][column][1] for name in PHASES) + rows["rest (unaccounted)"][column][1]
+        assert shares == pytest.approx(100.0, abs=0.1 * (len(PHASES) + 1))
+        assert rows["wall (worker + writer)"][column][1] == 100.0
+
+
+def test_the_figures_every_release_records_are_printed_beside_them(bench):
+    outside = bench.split("the figures every release records, side by side:", 1)[1]
+    for name in ("kernels started and stopped", "cells", "the rest of the worker's time", "writer"):
+        assert len(re.findall(NUMBER, next(line for line in outside.splitlines() if line.startswith(name)))) == 2
