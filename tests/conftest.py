@@ -128,7 +128,7 @@ def ran_solution(lab, browser):
             notebook.page.close()
 
 
-# ---------------------------------------------------------------- the suite on every core
+# ---------------------------------------------------------------- the fast loop
 
 
 # The fast loop (``./course test --quick``, docs/maintainers.md): everything but these files, which
@@ -175,16 +175,7 @@ def quick(item) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """``--quick``: only the fast loop's tests (the others are reported as deselected).
-
-    With ``-n N --dist loadgroup`` (what ``./course test`` gives the whole suite): a test file's
-    tests run in one process, so its module- and class-scoped set-ups (a graded class, a cluster,
-    a built site) are made once; the files whose tests ask for ``ran_solution`` run together, so
-    each notebook's Run All in the browser is made once for all of them."""
+    """``--quick``: only the fast loop's tests (the others are reported as deselected)."""
     if config.getoption("quick"):
         config.hook.pytest_deselected(items=[item for item in items if not quick(item)])
         items[:] = [item for item in items if quick(item)]
-    run_all = {item.path for item in items if "ran_solution" in getattr(item, "fixturenames", ())}
-    for item in items:
-        group = "browser-run-all" if item.path in run_all else item.path.stem
-        item.add_marker(pytest.mark.xdist_group(group))

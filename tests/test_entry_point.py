@@ -392,47 +392,6 @@ def test_a_failing_step_names_itself_its_reason_and_the_command_to_run_by_hand(t
     assert python.is_file() and not (tmp_path / "venv" / ".course-installed").exists()
 
 
-def test_the_whole_suite_runs_on_every_core_and_named_tests_as_given():
-    """./course test: the whole suite in one process per core (at most four), a test file's tests
-    together; named files, -n, -p, -x as the contributor gives them."""
-    assert entry.test_arguments([], cores=2) == ["-n", "2", "--dist", "loadgroup"]
-    assert entry.test_arguments(["-k", "lint"], cores=16)[:2] == ["-n", "4"]
-    assert entry.test_arguments([], cores=1)[:2] == ["-n", "1"]
-    named = (["tests/test_lint.py"], ["tests/test_lint.py::test_ruff_check"], ["-n", "0"], ["-x"], ["-p", "no:xdist"])
-    for given in named:
-        assert entry.test_arguments(given, cores=2) == given
-
-
-def test_a_test_files_tests_share_a_process_and_the_browser_run_alls_one(tmp_path):
-    """The groups the suite's processes take: one per file, and one for every file that reads a
-    notebook's Run All in the browser (tests/conftest.py), seen by pytest's own collection."""
-    (tmp_path / "show_groups.py").write_text(
-        "def pytest_collection_finish(session):\n"
-        "    for item in session.items:\n"
-        "        [mark] = item.iter_markers('xdist_group')\n"
-        "        print('GROUP', item.path.name, mark.args[0])\n"
-    )
-    files = ["tests/test_browser_rope.py", "tests/test_browser_gqa.py", "tests/test_licence.py"]
-    files.append("tests/test_compare.py")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "show_groups", "-p", "no:cacheprovider", *files],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    groups = {}
-    for line in result.stdout.splitlines():
-        if line.startswith("GROUP "):
-            _, name, group = line.split()
-            groups.setdefault(name, set()).add(group)
-    assert groups == {
-        "test_browser_rope.py": {"browser-run-all"},
-        "test_browser_gqa.py": {"browser-run-all"},
-        "test_licence.py": {"test_licence"},
-        "test_compare.py": {"test_compare"},
-    }
-
-
 def test_the_quick_loop_keeps_the_unit_tests_and_one_notebooks_grading():
     """./course test --quick: what pytest collects with it, and its list of slow files names real files."""
     from conftest import QUICK_GRADING, SLOW_FILES
