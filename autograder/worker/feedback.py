@@ -45,6 +45,7 @@ from nbgrader.coursedir import CourseDirectory
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Bool, Unicode
 
+from .. import compat
 from ..cells import nbgrader_of
 
 HIDDEN_NOTICE = "# (hidden checks run here; their messages appear below)"
@@ -215,9 +216,27 @@ def inert_notebook(nb, released_json: str) -> None:
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
+# An <img> as the allow-list writes it (html5ever's serialiser: each value in double quotes, its own
+# double quotes escaped), and whether it has an alt.
+IMAGE_TAG = re.compile(r'<img((?:\s+[\w:-]+(?:="[^"]*")?)*)\s*/?>')
+HAS_ALT = re.compile(r"\salt(?:=|\s|$)")
+
+
+def with_alt_text(markup: str) -> str:
+    """Each picture without an ``alt`` given nbconvert's stock one, as nbconvert's HTML export does."""
+
+    def alt(found: re.Match) -> str:
+        attributes = found.group(1)
+        if HAS_ALT.search(attributes):
+            return found.group(0)
+        return f'<img{attributes} alt="{compat.STOCK_ALT}">'
+
+    return IMAGE_TAG.sub(alt, markup)
+
+
 def inert_body(markup: str) -> str:
     """The page's body (the notebook's cells, nbgrader's header and scores), kept to the allow-list."""
-    return f"<body>\n{inert_html(str(markup))}\n</body>"
+    return f"<body>\n{with_alt_text(inert_html(str(markup)))}\n</body>"
 
 
 def with_policy(markup: str) -> str:
@@ -246,6 +265,10 @@ class InertFeedbackExporter(HTMLExporter):
             template_file="inert.html.j2",
         )
         super().__init__(config=config, **kwargs)
+
+    def from_notebook_node(self, nb, resources=None, **kw):
+        with compat.page_as_rendered():  # the body's filter does what nbconvert parses the page again for
+            return super().from_notebook_node(nb, resources, **kw)
 
     def default_filters(self):
         yield from super().default_filters()

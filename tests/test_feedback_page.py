@@ -1,0 +1,80 @@
+"""The feedback page as the grading worker renders it (``FeedbackPages``, the course's own exporter):
+what nbconvert's HTML export adds after its template (an image's stock alternative text) is on the
+page, though the page is not parsed again to add it (``compat.page_as_rendered``)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+
+import nbformat
+import pytest
+from grading_harness import REPOSITORY
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+from traitlets.config.loader import PyFileConfigLoader
+
+from autograder import compat
+from autograder.worker.feedback import FeedbackPages
+
+STOCK_ALT = "No description has been provided for this image"
+# a 1x1 PNG, as a plot's output carries its picture
+PIXEL = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082"
+    )
+).decode()
+
+
+@pytest.fixture(scope="module")
+def pages():
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(REPOSITORY)).load_config()
+    return FeedbackPages(config)
+
+
+def graded_notebook() -> str:
+    plot = new_code_cell("plot()", execution_count=1)
+    plot.outputs = [new_output("display_data", data={"image/png": PIXEL, "text/plain": "<Figure>"})]
+    cells = [
+        new_markdown_cell("A picture the author described: ![three heads](data:image/png;base64," + PIXEL + ")"),
+        plot,
+        new_markdown_cell('<img src="data:image/png;base64,' + PIXEL + '" width="4">'),  # markup, no alt
+    ]
+    return nbformat.writes(new_notebook(cells=cells))
+
+
+def images(page: str) -> list[str]:
+    return re.findall(r"<img\b[^>]*>", page)
+
+
+def alt_of(tag: str) -> str | None:
+    found = re.search(r'\balt="([^"]*)"', tag)
+    return found.group(1) if found else None
+
+
+def test_every_picture_on_the_page_has_its_alternative_text(pages):
+    page = pages.render(graded_notebook(), "alice", "01_attention", "01_attention")
+    found = images(page)
+    assert len(found) == 3, found
+    assert [alt_of(tag) for tag in found] == ["three heads", STOCK_ALT, STOCK_ALT]
+    assert 'width="4"' in found[2]
+
+
+def test_the_page_is_nbconverts_own_but_for_its_serialisation(pages, monkeypatch):
+    """With nbconvert's after-template pass as it is (the page parsed again with BeautifulSoup), the
+    same pictures, texts and text of the page come out."""
+    ours = pages.render(graded_notebook(), "alice", "01_attention", "01_attention")
+    monkeypatch.setattr(compat, "page_as_rendered", lambda: _as_is())
+    theirs = pages.render(graded_notebook(), "alice", "01_attention", "01_attention")
+    assert [alt_of(tag) for tag in images(ours)] == [alt_of(tag) for tag in images(theirs)]
+    text = lambda page: re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page))).strip()  # noqa: E731
+    assert text(ours) == text(theirs)
+
+
+class _as_is:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
