@@ -315,9 +315,12 @@ class ContainedExecute(ObservedExecute):
             except Empty:
                 pass
             if replied and idle:
-                while True:  # what is left of the kernel_info requests is not the first cell's
+                # What has come of the other kernel_info requests is let go now, without waiting for
+                # more: what comes later has their parent, and nbclient takes a cell's messages by
+                # its request's id only.
+                while True:
                     try:
-                        await kc.iopub_channel.get_msg(timeout=0.05)
+                        await kc.iopub_channel.get_msg(timeout=0)
                     except Empty:
                         break
                 return
