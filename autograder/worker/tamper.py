@@ -12,6 +12,7 @@ cells are restored, and the checks run and are judged outside the notebook.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -57,10 +58,22 @@ class Inspection:
 
 def _python(source: str) -> str:
     """Cell source as plain Python (IPython magics turned into calls)."""
+    # The released cells come again in every notebook of an assignment: a worker transforms each once
+    # (IPython's tokenizer was most of a notebook's inspection). Long cells are not kept.
+    return _python_kept(source) if len(source) <= KEPT_SOURCE else _transformed(source)
+
+
+KEPT_SOURCE = 8_192  # characters; at most 1024 cells kept (8 M characters, and their transforms)
+
+
+def _transformed(source: str) -> str:
     try:
         return TransformerManager().transform_cell(source)
     except Exception:
         return source
+
+
+_python_kept = functools.lru_cache(maxsize=1024)(_transformed)
 
 
 def _dotted(node) -> str | None:
