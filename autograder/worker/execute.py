@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from queue import Empty
 
+import zmq
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.v4 import new_output
 
@@ -283,7 +284,8 @@ class ContainedExecute(ObservedExecute):
         answered one on shell and iopub has shown an "idle" for one: iopub is a
         subscription that may join late, so its first messages can be lost (then
         the next request's "idle" is the one seen), and no output of the first
-        cell must be.
+        cell must be. Once the kernel has answered, it is up: the requests go out
+        every 20 ms until iopub shows one's "idle".
         """
         kc = self.kc
         asked: set[str] = set()
@@ -292,14 +294,15 @@ class ContainedExecute(ObservedExecute):
         while time.monotonic() < deadline:
             if time.monotonic() >= next_request:
                 asked.add(kc.kernel_info())
-                next_request = time.monotonic() + 0.1
+                next_request = time.monotonic() + (0.02 if replied else 0.1)
             got_any = False
             try:
-                msg = await kc.shell_channel.get_msg(timeout=0.05)
+                msg = await kc.shell_channel.get_msg(timeout=0 if replied else 0.05)
                 got_any = True
                 if msg["parent_header"].get("msg_id") in asked and msg["msg_type"] == "kernel_info_reply":
                     if not replied:
                         accept_kernel_info(kc, msg)
+                        next_request = 0.0  # its "idle" may have gone before iopub joined: ask again now
                     replied = True
             except Empty:
                 pass
@@ -346,6 +349,10 @@ class ContainedExecute(ObservedExecute):
                 self.km.phases = self.phases
                 with timed(self.phases, "boot"):
                     await self.km.start_kernel()
+                    # The client's sockets connect before the kernel has made its own, and zmq tries
+                    # again after its reconnect interval (100 ms unless told): 5 ms here, over a
+                    # local socket file.
+                    self.km.context.setsockopt(zmq.RECONNECT_IVL, 5)
                     self.kc = self.km.client()
                     self.kc.start_channels()
                     await self._ready(time.monotonic() + max(60.0, self.startup_timeout))
