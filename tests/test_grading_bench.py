@@ -27,7 +27,16 @@ pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot s
 @pytest.fixture(scope="module")
 def bench() -> str:
     run = subprocess.run(
-        [str(REPOSITORY / "course"), "bench", "grading", "--phases", "--students", "1", "--notebooks", "00_start_here"],
+        [
+            str(REPOSITORY / "course"),
+            "bench",
+            "grading",
+            "--phases",
+            "--students",
+            "1",
+            "--notebooks",
+            "00_start_here",
+        ],
         cwd=REPOSITORY,
         capture_output=True,
         text=True,
@@ -85,3 +94,34 @@ def test_the_figures_every_release_records_are_printed_beside_them(bench):
     outside = bench.split("the figures every release records, side by side:", 1)[1]
     for name in ("kernels started and stopped", "cells", "the rest of the worker's time", "writer"):
         assert len(re.findall(NUMBER, next(line for line in outside.splitlines() if line.startswith(name)))) == 2
+
+
+@pytest.fixture(scope="module")
+def four() -> str:
+    """The bench on four notebooks (four students, notebook 00), one worker, comparing two at each end."""
+    command = ["bench", "grading", "--phases", "--students", "4", "--notebooks", "00_start_here"]
+    run = subprocess.run(
+        [str(REPOSITORY / "course"), *command, "--workers", "1", "--window", "2"],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def test_each_run_says_whether_the_last_notebooks_took_as_long_as_the_first(bench, four):
+    """Flatness: the first and the last notebooks graded, each over its assignment's median; the ratio
+    printed is the ratio of the figures printed. One notebook is too few to say."""
+    lines = re.findall(
+        r"1 worker: flatness: of 4 notebooks in the order graded, the first 2 took (\d+\.\d+) and the last 2 "
+        r"(\d+\.\d+) of their assignment's median \(medians; last/first (\d+\.\d+)\)",
+        four,
+    )
+    assert len(lines) == 1, four[-3000:]
+    first, last, ratio = (float(figure) for figure in lines[0])
+    assert first > 0 and last > 0
+    assert ratio == pytest.approx(last / first, abs=0.002)
+    assert "4 notebooks of 4 x 1 graded" in four
+    assert bench.count("flatness: 1 notebooks, fewer than twice the window of 20: not measured") == 2

@@ -3,6 +3,7 @@
     ./course bench grading [--students 2] [--classes clean,mixed] [--skip-stock] [--skip-distributed]
                            [--writer 400] [--keep DIR]
     ./course bench grading --phases [--students 2] [--notebooks 00_start_here,...] [--against CHECKOUT]
+                           [--window 20]
 
 For each class (``clean``: every answer right; ``mixed``: most right, some with
 one or two exercises wrong, a few broken: a syntax error, the untouched release,
@@ -32,7 +33,9 @@ feedback, the writer), the median seconds per notebook and its share of the wall
 sum, the wall time and the rest. The workers time the phases as they grade (``Result.phases``, in
 the ledger). ``--against CHECKOUT`` grades the same class made from another checkout (set up with
 its own ``./course setup``) with that checkout's grader too; a release without the timing points
-shows what every release records (kernels, cells, the rest, the writer's mean).
+shows what every release records (kernels, cells, the rest, the writer's mean). Each run also
+prints its flatness: the first ``--window`` notebooks graded against the last, each notebook's
+seconds over its assignment's median (``--students 10`` over 00-09 is a class of 100).
 """
 
 from __future__ import annotations
@@ -488,6 +491,28 @@ def notebook_phases(root: Path) -> list[dict]:
     return found
 
 
+def flatness(root: Path, window: int) -> str:
+    """Whether anything grows with the class: each notebook's seconds on its worker over the median of
+    its assignment's (notebooks differ), the first ``window`` graded against the last ``window``."""
+    import sqlite3
+
+    with sqlite3.connect(root / "coursework" / ".work" / "grading.sqlite") as db:
+        rows = db.execute("SELECT assignment, summary FROM graded ORDER BY graded_at").fetchall()
+    seconds = [(assignment, json.loads(summary).get("seconds", 0.0)) for assignment, summary in rows]
+    if len(seconds) < 2 * window:
+        return f"flatness: {len(seconds)} notebooks, fewer than twice the window of {window}: not measured"
+    typical: dict[str, list[float]] = {}
+    for assignment, took in seconds:
+        typical.setdefault(assignment, []).append(took)
+    median_of = {assignment: statistics.median(values) for assignment, values in typical.items()}
+    relative = [took / median_of[assignment] for assignment, took in seconds if median_of[assignment] > 0]
+    first, last = statistics.median(relative[:window]), statistics.median(relative[-window:])
+    return (
+        f"flatness: of {len(seconds)} notebooks in the order graded, the first {window} took {first:.3f} and the "
+        f"last {window} {last:.3f} of their assignment's median (medians; last/first {last / first:.3f})"
+    )
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -586,6 +611,7 @@ def phases_run(base: Path, checkout: Path, python: str, name: str, args) -> dict
             f"{os.getloadavg()[0]:.1f} after",
             flush=True,
         )
+        print(f"  {name}, {label}: {flatness(course, args.window)}", flush=True)
         columns[label] = notebooks
     return columns
 
@@ -655,6 +681,9 @@ def main(argv=None) -> int:
         help="with --phases: also another checkout of the course (set up), graded by its own grader",
     )
     parser.add_argument("--notebooks", help="with --phases: only these assignments (comma-separated)")
+    parser.add_argument(
+        "--window", type=int, default=20, help="with --phases: notebooks at each end compared for flatness (20)"
+    )
     args = parser.parse_args(argv)
     if args.phases:
         return phases_main(args)
