@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
@@ -25,6 +26,8 @@ from grading_harness import Course, grade, nbgrader, sandbox_works
 
 from autograder.answers import notebook_text, scan
 from autograder.classcopy import MARKER, PACKAGE, course_answers, git_objects_text
+from autograder.engine.course import CourseFolder
+from autograder.engine.lms import assignment_totals
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 PAST, FUTURE = "2026-01-01 00:00:00 UTC", "2099-01-01 00:00:00 UTC"
@@ -166,3 +169,24 @@ def test_a_late_submission_gets_its_penalty_in_the_gradebook_and_on_its_page(tmp
         assert ontime.score == full
     assert f"Late submission penalty (Score: -{full:.1f})" in course.feedback_text("late", "00_start_here")
     assert "Late submission penalty" not in course.feedback_text("ontime", "00_start_here")
+    # the grades CSV (its points add up to the score after the penalty), the class report, and what
+    # goes back to a learning platform agree with nbgrader's own export
+    with open(course.root / "coursework" / "reports" / "grades.csv", newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    points = {
+        student: sum(float(row["points"]) for row in rows if row["student"] == student)
+        for student in ("late", "ontime")
+    }
+    assert points == {"late": 0.0, "ontime": full}
+    assert [(row["exercise"], float(row["points"])) for row in rows if row["exercise"] == "late penalty"] == [
+        ("late penalty", -full)
+    ]
+    report = (course.root / "coursework" / "reports" / "class-report.html").read_text(encoding="utf-8")
+    assert f"2 submissions; mean {full / 2:.2f} / {full:g}" in report
+    assert ">late penalty<" not in report  # not an exercise: no pass rate of its own
+    totals, _ = assignment_totals(CourseFolder(course.root))
+    assert totals == {("late", "00_start_here"): 0.0, ("ontime", "00_start_here"): full}
+    nbgrader("export", "--to", str(tmp_path / "nbgrader.csv"), cwd=course.root)
+    with open(tmp_path / "nbgrader.csv", newline="") as stream:
+        theirs = {row["student_id"]: float(row["score"]) for row in csv.DictReader(stream)}
+    assert theirs == {"late": 0.0, "ontime": full}

@@ -165,7 +165,9 @@ def assignment_totals(course) -> tuple[dict, dict]:
         for assignment in gradebook.assignments:
             maxima[assignment.name] = float(assignment.max_score)
             for submission in assignment.submissions:
-                totals[(submission.student.id, assignment.name)] = float(submission.score)
+                # after the late penalty, as ``nbgrader export`` gives the score
+                late = float(submission.late_submission_penalty or 0.0)
+                totals[(submission.student.id, assignment.name)] = max(0.0, float(submission.score) - late)
     return totals, maxima
 
 

@@ -5,7 +5,8 @@ construction) and the grading ledger for what the grader found: flags,
 faults, the misconception behind each failed check.
 
 - CSV: one row per student, assignment and exercise: points, max points, the
-  submission's flags and the catalogued mistake, if any;
+  submission's flags and the catalogued mistake, if any; a late submission's penalty is a row
+  of its own (``LATE_PENALTY``), as negative points;
 - report (one HTML file, plots inline): score distribution per assignment, pass
   rate per exercise, the most common misconceptions with their counts, the
   submissions flagged for review and those that could not be graded.
@@ -41,6 +42,11 @@ class Row:
     mistake: str | None
 
 
+# A late submission's penalty is a row of its own, as negative points (no cell, no maximum): a
+# student's points add up to nbgrader's score after the penalty, as ``nbgrader export`` gives it.
+LATE_PENALTY = "late penalty"
+
+
 def exercise_name(cell: str) -> str:
     return cell[len("test_") :] if cell.startswith("test_") else cell
 
@@ -67,6 +73,20 @@ def gradebook_rows(course, summaries: dict) -> list[Row]:
                                 float(grade.max_score),
                                 list(summary.get("flags", [])),
                                 mistakes.get(grade.name),
+                            )
+                        )
+                    if notebook.late_submission_penalty:  # nbgrader's, kept within the notebook's score
+                        rows.append(
+                            Row(
+                                submission.student.id,
+                                assignment.name,
+                                notebook.name,
+                                LATE_PENALTY,
+                                "",
+                                -float(notebook.late_submission_penalty),
+                                0.0,
+                                list(summary.get("flags", [])),
+                                None,
                             )
                         )
     return rows
@@ -159,10 +179,11 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
         left.set_title("score distribution")
         left.set_xlabel("points")
         left.set_ylabel("students")
-        cells = sorted({r.cell for r in assignment_rows}, key=lambda c: [r.cell for r in assignment_rows].index(c))
+        graded = [r for r in assignment_rows if r.cell]  # the exercises (a penalty is not one)
+        cells = sorted({r.cell for r in graded}, key=lambda c: [r.cell for r in graded].index(c))
         rates = []
         for cell in cells:
-            these = [r for r in assignment_rows if r.cell == cell]
+            these = [r for r in graded if r.cell == cell]
             rates.append(sum(r.points >= r.max_points for r in these) / len(these))
         right.barh([exercise_name(c) for c in cells][::-1], rates[::-1], color="#55a868")
         right.set_xlim(0, 1)
