@@ -24,19 +24,10 @@ ALWAYS = ("fork", "boot", "referee", "cells", "judge", "interpreter", "sanitize"
 pytestmark = pytest.mark.skipif(not sandbox_works(), reason="bubblewrap cannot start a sandbox here")
 
 
-@pytest.fixture(scope="module")
-def bench() -> str:
+def run_bench(*arguments: str) -> str:
+    """``./course bench grading --phases ARGUMENTS`` as a user runs it; what it printed."""
     run = subprocess.run(
-        [
-            str(REPOSITORY / "course"),
-            "bench",
-            "grading",
-            "--phases",
-            "--students",
-            "1",
-            "--notebooks",
-            "00_start_here",
-        ],
+        [str(REPOSITORY / "course"), "bench", "grading", "--phases", *arguments],
         cwd=REPOSITORY,
         capture_output=True,
         text=True,
@@ -44,6 +35,11 @@ def bench() -> str:
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run.stdout
+
+
+@pytest.fixture(scope="module")
+def bench() -> str:
+    return run_bench("--students", "1", "--notebooks", "00_start_here")
 
 
 def table(output: str) -> dict[str, list[tuple[float, float]]]:
@@ -99,16 +95,7 @@ def test_the_figures_every_release_records_are_printed_beside_them(bench):
 @pytest.fixture(scope="module")
 def four() -> str:
     """The bench on four notebooks (four students, notebook 00), one worker, comparing two at each end."""
-    command = ["bench", "grading", "--phases", "--students", "4", "--notebooks", "00_start_here"]
-    run = subprocess.run(
-        [str(REPOSITORY / "course"), *command, "--workers", "1", "--window", "2"],
-        cwd=REPOSITORY,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run.stdout
+    return run_bench("--students", "4", "--notebooks", "00_start_here", "--workers", "1", "--window", "2")
 
 
 def test_each_run_says_whether_the_last_notebooks_took_as_long_as_the_first(bench, four):
