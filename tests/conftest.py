@@ -25,6 +25,36 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("alternative_student", list(cls.alternatives))
 
 
+@pytest.fixture(scope="session")
+def stock_graded(request, tmp_path_factory):
+    """{assignment: Future of its graded Course} for every GradingSuite this session runs.
+
+    Stock ``nbgrader autograde`` grades one notebook at a time and keeps one core busy, so the
+    classes are graded side by side, one per core (at most 4), the biggest first; a suite's
+    tests wait for their own class only, and a class whose grading failed fails its own suite."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from grading_suite import GradingSuite
+
+    suites = {
+        cls
+        for cls in (getattr(item, "cls", None) for item in request.session.items)
+        if isinstance(cls, type) and issubclass(cls, GradingSuite) and cls.assignment
+    }
+    # later notebooks have bigger classes and slower cells: start them first
+    suites = sorted(suites, key=lambda suite: suite.assignment, reverse=True)
+    workers = max(1, min(len(suites), os.cpu_count() or 1, 4))
+    # a kernel's torch takes a thread per core; side by side, they would wait for each other's
+    # threads (as under ./course grade, a kernel gets one)
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if workers > 1 else None
+    with ThreadPoolExecutor(workers, thread_name_prefix="stock-nbgrader") as pool:
+        yield {
+            suite.assignment: pool.submit(suite.grade_class, tmp_path_factory.mktemp(suite.assignment), env)
+            for suite in suites
+        }
+        pool.shutdown(cancel_futures=True)
+
+
 @pytest.fixture(autouse=True)
 def _close_figures():
     """Each test's figures are closed after it, so none piles up across the suite."""

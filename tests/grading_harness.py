@@ -33,14 +33,16 @@ NOTEBOOKS = REPOSITORY / "notebooks"
 UNTOUCHED = object()  # answers value: keep the student version's stub
 
 
-def nbgrader(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+def nbgrader(*args: str, cwd: Path, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the real ``nbgrader`` command line from the course folder ``cwd``.
 
     The kernels it starts (in the copy's ``coursework/autograded/...``) find the reference
     solutions in the copy's own ``solutions/`` above them, so the copy is self-contained.
+    ``env``: variables to set for it, beside this process's.
     """
     command = [str(Path(sys.executable).parent / "nbgrader"), *args]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, **(env or {})}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(
@@ -144,10 +146,10 @@ class Course:
         nbformat.write(notebook, path)
         return path
 
-    def autograde(self, assignment: str) -> None:
+    def autograde(self, assignment: str, env: dict | None = None) -> None:
         """nbgrader autograde, then generate_feedback, for every submission."""
-        self.last_autograde = nbgrader("autograde", assignment, "--force", cwd=self.root)
-        nbgrader("generate_feedback", assignment, "--force", cwd=self.root)
+        self.last_autograde = nbgrader("autograde", assignment, "--force", cwd=self.root, env=env)
+        nbgrader("generate_feedback", assignment, "--force", cwd=self.root, env=env)
 
     def scores(self, student: str, assignment: str) -> dict:
         """{grade cell id: score} from the gradebook."""

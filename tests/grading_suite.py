@@ -14,7 +14,9 @@ Conventions: an exercise's answer cell has ``grade_id`` = its name, and its
 check cell ``grade_id`` = ``"test_" + name``.
 
 The whole class is graded in one ``nbgrader autograde`` run (class-scoped
-fixture ``graded``), then each test reads the gradebook and the feedback.
+fixture ``graded``), then each test reads the gradebook and the feedback. The classes
+of every suite a session runs are graded side by side, one per core (``stock_graded``
+in conftest.py): a stock run keeps one core busy, and the suites' tests then only read.
 """
 
 from __future__ import annotations
@@ -82,13 +84,18 @@ class GradingSuite:
         expected.update({"patches-allclose": zero, "patches-numpy-testing": zero})
         return expected
 
+    @classmethod
+    def grade_class(cls, directory, env: dict | None = None) -> Course:
+        """A course in ``directory`` with this class submitted, graded by stock nbgrader, feedback made."""
+        course = Course.create(directory, [cls.assignment])
+        cls.submit_class(course)
+        course.autograde(cls.assignment, env=env)
+        return course
+
     @pytest.fixture(scope="class")
     @classmethod
-    def graded(cls, tmp_path_factory) -> Course:
-        course = Course.create(tmp_path_factory.mktemp(cls.assignment), [cls.assignment])
-        cls.submit_class(course)
-        course.autograde(cls.assignment)
-        return course
+    def graded(cls, stock_graded) -> Course:
+        return stock_graded[cls.assignment].result()
 
     def exercises(self) -> list[str]:
         return list(module_for(self.assignment).EXERCISES)
