@@ -375,6 +375,79 @@ def test_the_referee_starts_between_cells_never_inside_one(kernel, answers):
     assert answers.alive() and answers._ready and key in answers.loaded
 
 
+POOL_PROCESS = """
+import json, os, signal, sys, types
+from autograder.worker import referee
+from course_checks import verdict
+
+report = {"factory": referee.start_factory()}  # first, as the pool process does, before any thread
+cells = [tuple(cell) for cell in json.loads(sys.argv[1])]
+notebook = types.SimpleNamespace(
+    key="k", assignment="99_fake", cells=cells, answers={"double", "table", "slow"}, counted_calls=lambda: []
+)
+answers = referee.Referee(memory_mb=512)
+
+
+def ask(target, *args, seconds=20.0):
+    line = verdict.dumps({"op": "call", "target": target, "args": verdict.encode(list(args))})
+    return verdict.parse_line(answers.ask(notebook, "notebook", line, seconds)[0])
+
+
+def parent(pid):
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+answers.prepare([notebook])
+first = answers.process
+report.update(kind=type(first).__name__, parent=parent(first.pid), factory_pid=referee.factory.pid)
+report["double"] = ask("double", 21)
+report["table"] = ask("table", 20_000)
+report["slow"] = ask("slow", 30, seconds=1.0)
+report["again"] = ask("double", 2)
+report.update(starts=answers.starts, second=answers.process.pid, first_alive=first.poll() is None)
+report["second_parent"] = parent(answers.process.pid)
+print(json.dumps(report), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the pool process dies: its factory and referee go with it
+"""
+
+
+def test_a_pool_process_forks_its_referees_from_a_warm_copy_of_itself():
+    """What ``./course grade``'s pool processes do (``runners._pool_process_init``): the referees are
+    forked from a copy of the process made while it had one thread, not started as fresh
+    interpreters; bounded in memory and time as a fresh one is, replaced when stopped, and gone
+    with the process that asked for them."""
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", POOL_PROCESS, json.dumps(CELLS)], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == -9, run.stderr
+    report = json.loads(run.stdout)
+    assert report["factory"] is True and report["kind"] == "Forked"
+    assert report["parent"] == report["second_parent"] == report["factory_pid"]  # not the pool process's children
+    assert report["double"] == {"value": {"value": 42}}
+    assert report["table"]["error"]["type"] in ("MemoryError", "RuntimeError")  # 1.6 GB: over its 512 MB
+    assert "took longer" in report["slow"]["error"]["message"]
+    assert report["again"] == {"value": {"value": 4}} and report["starts"] == 2 and not report["first_alive"]
+    deadline = time.monotonic() + 10
+    left = [report["factory_pid"], report["second"]]
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if _running(pid)]
+        time.sleep(0.05)
+    assert not left, f"still running after their pool process died: {left}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_objects_held_outside_are_let_go_when_the_cell_ends(kernel):
     server, _ = kernel
     counter = given(kernel).Counter()

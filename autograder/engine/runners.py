@@ -164,6 +164,9 @@ def _pool_process_init(
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from ..worker import referee
+
+    referee.start_factory()  # now, while this process has one thread: its referees are forked from it
     station = Station(Path(course_root), sandboxed, limits, Path(base_dir), host)
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours

@@ -21,7 +21,10 @@ what the reference would have given there.
 the judge pickles its cases with it (``Judge.shipment``), the referee reads and answers
 requests with it.
 
-Run as ``python -m autograder.worker.referee CONFIG_JSON``; it reads requests on stdin and
+A pool process of ``./course grade`` forks its referees from a copy of itself made while it had
+one thread (``Factory``): torch is imported already, so a referee starts in milliseconds and shares
+those pages. Elsewhere (a Dask worker, a test) a referee is a fresh interpreter, run as
+``python -m autograder.worker.referee CONFIG_JSON``. Either way it reads requests on stdin and
 answers on stdout, one JSON line each, until stdin closes.
 """
 
@@ -33,10 +36,13 @@ import json
 import os
 import resource
 import select
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import traceback
 import types
 
 import torch
@@ -46,6 +52,7 @@ from course_checks import verdict
 from course_checks.probes import COUNTED
 
 from .. import reference
+from ..sandboxing.linux import die_with_parent
 
 OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
 _DUNDERS = ("__len__", "__getitem__", "__setitem__", "__contains__", "__call__")
@@ -333,12 +340,15 @@ def _limit_memory(megabytes: int) -> None:
         pass
 
 
-def main(config: dict) -> None:
+def main(config: dict, stdin=None, stdout=None) -> None:
+    """Answer the worker's commands read from ``stdin`` on ``stdout`` (binary streams; the process's
+    own by default) until ``stdin`` closes."""
     torch.set_num_threads(1)
 
     _limit_memory(int(config.get("memory_mb", 2048)))
     oracle = Oracle()
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin = sys.stdin.buffer if stdin is None else stdin
+    stdout = sys.stdout.buffer if stdout is None else stdout
     stdout.write(b'{"ready": true}\n')
     stdout.flush()
     while True:
@@ -401,14 +411,21 @@ class Referee:
         if self.alive():
             return
         self.close()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        config = json.dumps({"memory_mb": self.memory_mb})
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.worker.referee", config],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
+        config = {"memory_mb": self.memory_mb}
+        self.process = None
+        if factory.alive():  # forked from a warm copy of this process
+            try:
+                self.process = factory.fork(config)
+            except OSError:
+                pass  # the factory is gone: a fresh interpreter, as below
+        if self.process is None:
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "autograder.worker.referee", json.dumps(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
         self.loaded, self._buffer, self._scanned, self._ready = set(), bytearray(), 0, False
         self.starts += 1
 
@@ -547,6 +564,169 @@ class Referee:
                 self._command({"op": "forget", "session": session}, time.monotonic() + 30)
             except (RefereeGone, ValueError):
                 self.close()
+
+
+# ---------------------------------------------------------------- referees forked from a warm copy
+
+
+class Factory:
+    """Where a grading process's referees come from: a copy of that process, forked while it still
+    has one thread (``start``), which forks a referee each time the process asks for one.
+
+    A referee forked so starts with torch and the reference machinery already imported (the pool
+    processes' fork server preloads them), in milliseconds instead of the seconds a fresh
+    interpreter takes, and shares those pages with the grading processes until it writes them. The
+    copy itself never computes anything and starts no thread: forking it is safe where forking the
+    grading process (its verdict server's thread, its kernels' readers) would not be.
+
+    The two talk over a socket pair, one message each way per referee: the grading process sends
+    the referee's config and the two pipe ends it will use (stdin's read end, stdout's write end);
+    the copy answers with the referee's pid and a pidfd for it, through which the grading
+    process sees it end and kills it (``Forked``), though it is not its own child.
+    """
+
+    def __init__(self):
+        self.channel: socket.socket | None = None
+        self.pid: int | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> bool:
+        """Fork the copy now; False (and no copy) when this process runs another Python thread (one
+        could hold a lock the copy would inherit held) or the system has no pidfd."""
+        if threading.active_count() != 1 or not hasattr(os, "pidfd_open"):
+            return False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the copy
+            try:
+                ours.close()
+                _serve(theirs)
+            finally:
+                os._exit(0)
+        theirs.close()
+        self.channel, self.pid = ours, pid
+        return True
+
+    def alive(self) -> bool:
+        return self.channel is not None
+
+    def fork(self, config: dict) -> Forked:
+        """A referee forked from the copy, with ``config`` (``main``'s), its pipes connected here."""
+        read_in, write_in = os.pipe()  # we write its stdin
+        read_out, write_out = os.pipe()  # it writes its stdout
+        try:
+            with self.lock:
+                socket.send_fds(self.channel, [json.dumps(config).encode()], [read_in, write_out])
+                message, fds, _, _ = socket.recv_fds(self.channel, 64, 1)
+            if not message or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
+                raise OSError("the referees' factory is gone")
+        except OSError:
+            os.close(write_in)
+            os.close(read_out)
+            self.close()
+            raise
+        finally:
+            os.close(read_in)
+            os.close(write_out)
+        return Forked(int(message), fds[0], write_in, read_out)
+
+    def close(self) -> None:
+        """Let the copy go (it ends when its channel closes)."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+        if self.pid is not None:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+            self.pid = None
+
+
+def _serve(channel: socket.socket) -> None:
+    """The copy's loop: one referee forked per request, until the channel closes."""
+    die_with_parent()
+    while True:
+        while True:  # the referees that ended
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        try:
+            message, fds, _, _ = socket.recv_fds(channel, 1 << 16, 2)
+        except OSError:
+            return
+        if not message:
+            return
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            return
+        pid = os.fork()
+        if pid == 0:  # the referee
+            code = 1
+            try:
+                channel.close()
+                die_with_parent()
+                main(json.loads(message), os.fdopen(fds[0], "rb"), os.fdopen(fds[1], "wb"))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)  # before it is reaped: the pid is still its own
+        try:
+            socket.send_fds(channel, [str(pid).encode()], [pidfd])
+        except OSError:
+            return
+        finally:
+            os.close(pidfd)
+
+
+class Forked:
+    """A forked referee, seen as ``subprocess.Popen`` shows a child (what ``Referee`` uses of it)."""
+
+    def __init__(self, pid: int, pidfd: int, stdin: int, stdout: int):
+        self.pid, self.pidfd, self.returncode = pid, pidfd, None
+        self.stdin, self.stdout = os.fdopen(stdin, "wb"), os.fdopen(stdout, "rb")
+
+    def poll(self):
+        if self.returncode is None and self.pidfd >= 0 and select.select([self.pidfd], [], [], 0)[0]:
+            self._ended()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None and self.pidfd >= 0:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float | None = None):
+        if self.returncode is None and not select.select([self.pidfd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired(f"referee {self.pid}", timeout)
+        self._ended()
+        return self.returncode
+
+    def _ended(self) -> None:
+        if self.returncode is None:
+            self.returncode = -1  # its parent, the factory, reaps it and keeps its status
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+factory = Factory()
+
+
+def start_factory() -> bool:
+    """Fork this process's referees' factory now (call it while the process has one thread):
+    its referees are forked from it from then on, not started as fresh interpreters."""
+    return factory.alive() or factory.start()
 
 
 _referees: dict = {}
