@@ -164,15 +164,19 @@ def submit_class(root: Path, assignments: list[str], students: int, seed: int, c
 
 
 def _pss(pid: int) -> int | None:
-    """Proportional set size in bytes: shared pages count once in all (forked kernels share torch)."""
+    """Proportional set size in bytes: shared pages count once in all (forked kernels share torch).
+    None where this user may not read it; 0 for a process that is ending or gone (its resident
+    size, still shown while it exits, would count every shared page whole)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as rollup:
             for line in rollup:
                 if line.startswith("Pss:"):
                     return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+    except PermissionError:
         return None
-    return None
+    except (OSError, ValueError, IndexError):
+        return 0
+    return 0
 
 
 class PeakMemory:
