@@ -22,6 +22,7 @@ import mistune.plugins.url  # noqa: F401
 import pygments.lexers.python  # noqa: F401
 import pygments.styles.default  # noqa: F401
 import torch  # noqa: F401
+import torch.fx.experimental.symbolic_shapes  # noqa: F401  (torch.broadcast_shapes' first call: sympy)
 
 from ..worker import pipeline  # noqa: F401  (the judge, the executor, the feedback exporter)
 

@@ -58,6 +58,8 @@ PRELOAD = [
     "torch",
     "torch.nn",
     "torch.nn.functional",
+    # torch.broadcast_shapes imports it (and sympy) on its first call: 0.25 s and 30 MB in each kernel
+    "torch.fx.experimental.symbolic_shapes",
     "IPython",
     "ipykernel.kernelapp",
     "ipykernel.ipkernel",
