@@ -259,7 +259,7 @@ class LocalPool:
             running = {self.executor.submit(_grade_in_pool, job): key for key, job in pending.items()}
             broken = False
             for future in futures.as_completed(running):
-                key = running[future]
+                key = running.pop(future)  # its result is let go once committed
                 try:
                     result = future.result()
                 except futures.process.BrokenProcessPool:

@@ -37,7 +37,7 @@ import sqlite3
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from course_checks.files import write_atomically
@@ -245,7 +245,8 @@ def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
         writer.commit(result)
         graded.commit_each.append(time.perf_counter() - began)
         graded.commit_seconds += graded.commit_each[-1]
-        graded.results.append(result)
+        # kept for the summary, without its notebook and page (on disk now): nothing grows with the class
+        graded.results.append(replace(result, notebook_json="", feedback_html=""))
         if len(jobs) - len(graded.results) < workers:
             _warm_matplotlib()
         if graded.first_result is None:
@@ -281,6 +282,7 @@ def record_run(course, graded: Graded, seconds: float) -> None:
                 "commit_seconds": round(graded.commit_seconds, 4),
                 "commit_each": [round(seconds, 5) for seconds in graded.commit_each],
                 "main_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
+                "main_peak_mb": round(usage.ru_maxrss / 1024, 1),  # its resident peak (Linux: KiB)
                 "first_result_seconds": None if graded.first_result is None else round(graded.first_result, 3),
             }
         ),
