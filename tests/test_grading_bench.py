@@ -7,7 +7,9 @@ table. They check what the table says, never how fast anything was.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -112,3 +114,44 @@ def test_each_run_says_whether_the_last_notebooks_took_as_long_as_the_first(benc
     assert ratio == pytest.approx(last / first, abs=0.002)
     assert "4 notebooks of 4 x 1 graded" in four
     assert bench.count("flatness: 1 notebooks, fewer than twice the window of 20: not measured") == 2
+
+
+def test_each_run_says_what_the_grade_commands_own_process_held_at_its_peak(bench):
+    """The writer's process keeps no notebook once it is committed: the figure lets a maintainer
+    compare a small class with a big one."""
+    peaks = re.findall(
+        r"(\d) workers?: the grade command's own process \(the writer, the report\): (\d+\.\d) MB", bench
+    )
+    assert [workers for workers, _ in peaks] == ["1", "2"], bench[-3000:]
+    assert all(float(megabytes) > 0 for _, megabytes in peaks)
+
+
+def test_the_peak_leaves_out_the_processes_counted_apart_and_counts_what_they_start():
+    """The Dask row's split, with real processes: one counted apart (as the cluster's scheduler and
+    nannies are) holds 200 MB, and a child it starts (as a nanny's worker process, which grades)
+    holds 100 MB; the apart figure is the first, the peak the second."""
+    import importlib.util
+    import sys
+    import time
+
+    spec = importlib.util.spec_from_file_location("grading_bench", REPOSITORY / "tools" / "bench" / "grading.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    holds = "import sys, time; block = bytearray({} * 2**20); block[::4096] = b'x' * len(block[::4096]); "
+    child = holds.format(100) + "print('ready', flush=True); time.sleep(30)"
+    parent = (
+        holds.format(200) + f"import subprocess; c = subprocess.Popen([sys.executable, '-c', {child!r}], "
+        "stdout=subprocess.PIPE, text=True); c.stdout.readline(); print('ready', flush=True); time.sleep(30)"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        with module.PeakMemory(apart={process.pid}) as memory:
+            time.sleep(0.5)  # a few samples
+        assert 200 <= memory.peak_apart_mb < 240, memory.peak_apart_mb
+        assert 100 <= memory.peak_mb < 140, memory.peak_mb
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the child too
+        process.wait()

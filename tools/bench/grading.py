@@ -191,14 +191,29 @@ class PeakMemory:
     waited-for children misses; only the last tenth of a second of each is lost.
     """
 
-    def __init__(self):
+    def __init__(self, apart: set[int] | None = None):
         self.peak_mb = 0.0
         self.peak_rss_mb = 0.0
+        # processes counted apart (a Dask cluster's scheduler and nanny, with their resource
+        # trackers): their own peak, left out of the others'; whatever they start is counted as usual
+        self.apart = apart or set()
+        self.peak_apart_mb = 0.0
         self._ticks: dict[tuple[int, int], int] = {}  # (pid, start time) -> CPU ticks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _tree_mb(self) -> tuple[float, float]:
+    def _set_apart(self, pid: int, parent: int | None) -> bool:
+        if pid in self.apart:
+            return True
+        if parent not in self.apart:
+            return False
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                return b"resource_tracker" in cmdline.read()
+        except OSError:
+            return False
+
+    def _tree_mb(self) -> tuple[float, float, float]:
         parents, rss, ticks = {}, {}, {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
@@ -211,7 +226,7 @@ class PeakMemory:
                 ticks[int(name)] = (int(fields[19]), int(fields[11]) + int(fields[12]))  # start, utime + stime
             except (OSError, IndexError, ValueError):
                 continue
-        me, total, proportional = os.getpid(), 0, 0
+        me, total, proportional, apart = os.getpid(), 0, 0, 0
         for pid in rss:
             ancestor, depth = parents.get(pid), 0
             while ancestor and ancestor != me and depth < 50:
@@ -219,15 +234,19 @@ class PeakMemory:
             if ancestor == me:
                 started, used = ticks[pid]
                 self._ticks[(pid, started)] = max(self._ticks.get((pid, started), 0), used)
-                total += rss[pid]
                 pss = _pss(pid)
+                if self._set_apart(pid, parents.get(pid)):
+                    apart += rss[pid] if pss is None else pss
+                    continue
+                total += rss[pid]
                 proportional += rss[pid] if pss is None else pss
-        return proportional / 2**20, total / 2**20
+        return proportional / 2**20, total / 2**20, apart / 2**20
 
     def _run(self):
         while not self._stop.wait(0.1):
-            pss, rss = self._tree_mb()
+            pss, rss, apart = self._tree_mb()
             self.peak_mb, self.peak_rss_mb = max(self.peak_mb, pss), max(self.peak_rss_mb, rss)
+            self.peak_apart_mb = max(self.peak_apart_mb, apart)
 
     def __enter__(self):
         self._thread.start()
@@ -243,16 +262,16 @@ class PeakMemory:
 
 
 def _run(
-    command: list[str], cwd: Path, python: str = sys.executable
-) -> tuple[float, tuple[float, float], float, subprocess.CompletedProcess]:
-    """(wall seconds, (peak PSS MB, peak RSS MB), CPU seconds of the whole process tree, the result);
-    ``python``'s environment first on PATH."""
+    command: list[str], cwd: Path, python: str = sys.executable, apart: set[int] | None = None
+) -> tuple[float, tuple[float, float, float], float, subprocess.CompletedProcess]:
+    """(wall seconds, (peak PSS MB, peak RSS MB, peak PSS MB of the processes ``apart``), CPU seconds
+    of the whole process tree, the result); ``python``'s environment first on PATH."""
     env = {**os.environ, "PATH": str(Path(python).parent) + os.pathsep + os.environ.get("PATH", "")}
-    with PeakMemory() as memory:
+    with PeakMemory(apart) as memory:
         started = time.perf_counter()
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - started
-    return seconds, (memory.peak_mb, memory.peak_rss_mb), memory.cpu_seconds, result
+    return seconds, (memory.peak_mb, memory.peak_rss_mb, memory.peak_apart_mb), memory.cpu_seconds, result
 
 
 def grades(root: Path) -> dict:
@@ -302,6 +321,7 @@ class BenchRow:
         self.label, self.wall, self.notebooks, self.memory, self.cpu = label, wall, notebooks, memory, cpu
         self.stats, self.agree = stats, agree
         self.sandboxes: int | None = None
+        self.apart = ""  # what the row's peak leaves out, in words
 
     def line(self) -> str:
         rate = self.notebooks / self.wall if self.wall else 0.0
@@ -366,7 +386,10 @@ def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None,
     with LocalCluster(logs) as cluster:
         cluster.start_worker("bench", "--nworkers", str(workers))
         cluster.wait_for_workers(workers)
-        wall, memory, cpu, result = _run(GRADE + ["--scheduler", cluster.address], course)
+        # the scheduler and the worker command (its nannies): the cluster's own, counted apart; the
+        # worker processes the nannies start grade, and are counted with the grade command
+        own = {process.pid for process in cluster.processes.values()}
+        wall, memory, cpu, result = _run(GRADE + ["--scheduler", cluster.address], course, apart=own)
     if result.returncode:
         print(result.stdout[-1500:], result.stderr[-1500:])
     row = BenchRow(
@@ -379,6 +402,7 @@ def dask_row(course: Path, notebooks: int, workers: int, reference: dict | None,
         agreement(reference, grades(course)),
     )
     row.sandboxes = sandboxes_started(course)
+    row.apart = f"the Dask cluster's own processes (scheduler, nannies), apart: {memory[2]:.0f} MB at their peak"
     return row
 
 
@@ -616,6 +640,9 @@ def phases_run(base: Path, checkout: Path, python: str, name: str, args) -> dict
             flush=True,
         )
         print(f"  {name}, {label}: {flatness(course, args.window)}", flush=True)
+        peak = run_stats(course).get("main_peak_mb")
+        held = f"{peak:.1f} MB resident at its peak" if peak is not None else "not recorded by this release"
+        print(f"  {name}, {label}: the grade command's own process (the writer, the report): {held}", flush=True)
         columns[label] = notebooks
     return columns
 
@@ -740,10 +767,15 @@ def main(argv=None) -> int:
             print(HEADER)
             for row in rows:
                 print(row.line())
+            for row in rows:
+                if row.apart:
+                    print(f"{row.label}: {row.apart}")
         print(
             "\ncommit s/nb: seconds the command's single writer spent per notebook (gradebook rows, files, "
             "ledger); main CPU/nb: CPU seconds of the command's own process per notebook (everything it did, "
-            "start-up and report included); peak MB: proportional set sizes summed over the process tree; CPU s: "
+            "start-up and report included); peak MB: proportional set sizes summed over the process tree that "
+            "grades (on Dask: the grade command and the worker processes with what they start, the cluster's "
+            "scheduler and nannies apart, below the table); CPU s: "
             "every process of the run (sandboxes, kernels and the Dask row's cluster included, start-up too); "
             "sandboxes: warm sandboxes the "
             "run started (one per worker unless a notebook spoiled one)."
