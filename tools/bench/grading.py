@@ -18,7 +18,8 @@ are graded on this machine, each row on a fresh copy of the class:
 Per row: wall time, notebooks per second, the grade command's main process
 per notebook (seconds its single writer spent committing, and its CPU seconds:
 what bounds the command however many workers grade), peak memory (summed over
-the process tree), and whether its grades agree with stock nbgrader's.
+the process tree; on Dask the cluster's scheduler and nannies apart), and whether
+its grades agree with stock nbgrader's.
 
 ``--writer N`` also commits N synthetic results (a graded notebook, its scores
 and its feedback page, as a worker makes them) through the real writer into a
@@ -202,7 +203,8 @@ class PeakMemory:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _set_apart(self, pid: int, parent: int | None) -> bool:
+    def _counted_apart(self, pid: int, parent: int | None) -> bool:
+        """One of ``apart``, or a resource tracker one of them started."""
         if pid in self.apart:
             return True
         if parent not in self.apart:
@@ -235,7 +237,7 @@ class PeakMemory:
                 started, used = ticks[pid]
                 self._ticks[(pid, started)] = max(self._ticks.get((pid, started), 0), used)
                 pss = _pss(pid)
-                if self._set_apart(pid, parents.get(pid)):
+                if self._counted_apart(pid, parents.get(pid)):
                     apart += rss[pid] if pss is None else pss
                     continue
                 total += rss[pid]
