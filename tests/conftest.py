@@ -25,15 +25,18 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("alternative_student", list(cls.alternatives))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def stock_graded(request, tmp_path_factory):
     """{assignment: Future of its graded Course} for every GradingSuite this session runs.
 
     Stock ``nbgrader autograde`` grades one notebook at a time and keeps one core busy, so the
     classes are graded side by side, one per core (at most 4), the biggest first; a suite's
-    tests wait for their own class only, and a class whose grading failed fails its own suite."""
+    tests wait for their own class only, and a class whose grading failed fails its own suite.
+    They start with the session, beside the tests before them, at the lowest CPU priority
+    (``Beside``): most of those tests keep one core busy or none, and the classes take the rest."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from grading_harness import Beside
     from grading_suite import GradingSuite
 
     suites = {
@@ -47,9 +50,10 @@ def stock_graded(request, tmp_path_factory):
     # one torch thread a kernel, as under ./course grade: side by side, a thread per core each would
     # wait for the other's, and even alone 07's class took 353 s with them against 276 s with one
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    beside = Beside(dict(os.environ))
     with ThreadPoolExecutor(workers, thread_name_prefix="stock-nbgrader") as pool:
         yield {
-            suite.assignment: pool.submit(suite.grade_class, tmp_path_factory.mktemp(suite.assignment), env)
+            suite.assignment: pool.submit(suite.grade_class, tmp_path_factory.mktemp(suite.assignment), env, beside)
             for suite in suites
         }
         pool.shutdown(cancel_futures=True)

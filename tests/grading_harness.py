@@ -33,16 +33,33 @@ NOTEBOOKS = REPOSITORY / "notebooks"
 UNTOUCHED = object()  # answers value: keep the student version's stub
 
 
-def nbgrader(*args: str, cwd: Path, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+@dataclass(frozen=True)
+class Beside:
+    """How nbgrader runs beside the session's other tests, in a thread of its own: at the lowest
+    CPU priority (it takes the cores they leave idle, and slows none of them), in the environment
+    the session started with (a variable a test sets for itself is not nbgrader's), and, while
+    grading, with kernel timeouts long enough for a kernel that waits for the CPU (nbgrader's own
+    30 s a cell is exercised by tests/test_nbgrader_fresh_clone.py)."""
+
+    environ: dict
+    options: tuple = ("--Execute.timeout=1800", "--Execute.startup_timeout=600", "--Execute.iopub_timeout=300")
+
+
+def nbgrader(
+    *args: str, cwd: Path, check: bool = True, env: dict | None = None, beside: Beside | None = None
+) -> subprocess.CompletedProcess:
     """Run the real ``nbgrader`` command line from the course folder ``cwd``.
 
     The kernels it starts (in the copy's ``coursework/autograded/...``) find the reference
     solutions in the copy's own ``solutions/`` above them, so the copy is self-contained.
-    ``env``: variables to set for it, beside this process's.
+    ``env``: variables to set for it, beside this process's (``beside``'s, when given).
     """
     command = [str(Path(sys.executable).parent / "nbgrader"), *args]
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "PATH": path, **(env or {})}
+    environ = os.environ if beside is None else beside.environ
+    if beside is not None:
+        command = ["nice", "-n", "19", *command]
+    path = f"{Path(sys.executable).parent}{os.pathsep}{environ.get('PATH', '')}"
+    env = {**environ, "PATH": path, **(env or {})}
     result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(
@@ -94,18 +111,19 @@ def grade_cells(notebook) -> dict:
 @dataclass
 class Course:
     root: Path  # holds nbgrader_config.py, solutions/, notebooks/, coursework/
+    beside: Beside | None = None  # how its nbgrader runs, when beside other tests
 
     @classmethod
-    def create(cls, directory: Path, assignments: list[str] | None = None) -> Course:
+    def create(cls, directory: Path, assignments: list[str] | None = None, beside: Beside | None = None) -> Course:
         """A copy of the course in ``directory``, with a fresh gradebook and release."""
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPOSITORY / "nbgrader_config.py", root)
         shutil.copytree(SOLUTIONS, root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
         (root / "coursework").mkdir()
-        course = cls(root)
+        course = cls(root, beside)
         for assignment in assignments or sorted(p.name for p in (root / "solutions").iterdir() if p.is_dir()):
-            nbgrader("generate_assignment", assignment, "--force", cwd=root)
+            nbgrader("generate_assignment", assignment, "--force", cwd=root, beside=beside)
         return course
 
     @property
@@ -148,8 +166,11 @@ class Course:
 
     def autograde(self, assignment: str, env: dict | None = None) -> None:
         """nbgrader autograde, then generate_feedback, for every submission."""
-        self.last_autograde = nbgrader("autograde", assignment, "--force", cwd=self.root, env=env)
-        nbgrader("generate_feedback", assignment, "--force", cwd=self.root, env=env)
+        options = self.beside.options if self.beside else ()
+        self.last_autograde = nbgrader(
+            "autograde", assignment, "--force", *options, cwd=self.root, env=env, beside=self.beside
+        )
+        nbgrader("generate_feedback", assignment, "--force", cwd=self.root, env=env, beside=self.beside)
 
     def scores(self, student: str, assignment: str) -> dict:
         """{grade cell id: score} from the gradebook."""

@@ -15,8 +15,9 @@ check cell ``grade_id`` = ``"test_" + name``.
 
 The whole class is graded in one ``nbgrader autograde`` run (class-scoped
 fixture ``graded``), then each test reads the gradebook and the feedback. The classes
-of every suite a session runs are graded side by side, one per core (``stock_graded``
-in conftest.py): a stock run keeps one core busy, and the suites' tests then only read.
+of every suite a session runs are graded from the session's start, side by side and beside
+the other tests, on the cores those leave idle (``stock_graded`` in conftest.py): a stock run
+keeps one core busy, and the suites' tests then only read.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import textwrap
 
 import nbformat
 import pytest
-from grading_harness import UNTOUCHED, Course
+from grading_harness import UNTOUCHED, Beside, Course
 
 from autograder.exercises import module_for
 
@@ -85,9 +86,9 @@ class GradingSuite:
         return expected
 
     @classmethod
-    def grade_class(cls, directory, env: dict | None = None) -> Course:
+    def grade_class(cls, directory, env: dict | None = None, beside: Beside | None = None) -> Course:
         """A course in ``directory`` with this class submitted, graded by stock nbgrader, feedback made."""
-        course = Course.create(directory, [cls.assignment])
+        course = Course.create(directory, [cls.assignment], beside)
         cls.submit_class(course)
         course.autograde(cls.assignment, env=env)
         return course
