@@ -22,7 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -111,7 +111,7 @@ def grade_cells(notebook) -> dict:
 @dataclass
 class Course:
     root: Path  # holds nbgrader_config.py, solutions/, notebooks/, coursework/
-    beside: Beside | None = None  # how its nbgrader runs, when beside other tests
+    beside: Beside | None = field(default=None, kw_only=True)  # how its nbgrader runs, beside other tests
 
     @classmethod
     def create(cls, directory: Path, assignments: list[str] | None = None, beside: Beside | None = None) -> Course:
@@ -121,7 +121,7 @@ class Course:
         shutil.copy(REPOSITORY / "nbgrader_config.py", root)
         shutil.copytree(SOLUTIONS, root / "solutions", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
         (root / "coursework").mkdir()
-        course = cls(root, beside)
+        course = cls(root, beside=beside)
         for assignment in assignments or sorted(p.name for p in (root / "solutions").iterdir() if p.is_dir()):
             nbgrader("generate_assignment", assignment, "--force", cwd=root, beside=beside)
         return course
