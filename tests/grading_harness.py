@@ -36,8 +36,8 @@ UNTOUCHED = object()  # answers value: keep the student version's stub
 @dataclass(frozen=True)
 class Beside:
     """How nbgrader runs beside the session's other tests, in a thread of its own: at the lowest
-    CPU priority (it takes the cores they leave idle, and slows none of them), in the environment
-    the session started with (a variable a test sets for itself is not nbgrader's), and, while
+    CPU priority (it takes the cores they leave idle; they keep their cores, not their caches), in
+    ``environ`` (taken as the session starts: a variable a test sets for itself is not nbgrader's), and, while
     grading, with kernel timeouts long enough for a kernel that waits for the CPU (nbgrader's own
     30 s a cell is exercised by tests/test_nbgrader_fresh_clone.py)."""
 
@@ -164,13 +164,11 @@ class Course:
         nbformat.write(notebook, path)
         return path
 
-    def autograde(self, assignment: str, env: dict | None = None) -> None:
+    def autograde(self, assignment: str) -> None:
         """nbgrader autograde, then generate_feedback, for every submission."""
         options = self.beside.options if self.beside else ()
-        self.last_autograde = nbgrader(
-            "autograde", assignment, "--force", *options, cwd=self.root, env=env, beside=self.beside
-        )
-        nbgrader("generate_feedback", assignment, "--force", cwd=self.root, env=env, beside=self.beside)
+        self.last_autograde = nbgrader("autograde", assignment, "--force", *options, cwd=self.root, beside=self.beside)
+        nbgrader("generate_feedback", assignment, "--force", cwd=self.root, beside=self.beside)
 
     def scores(self, student: str, assignment: str) -> dict:
         """{grade cell id: score} from the gradebook."""

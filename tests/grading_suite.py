@@ -86,11 +86,11 @@ class GradingSuite:
         return expected
 
     @classmethod
-    def grade_class(cls, directory, env: dict | None = None, beside: Beside | None = None) -> Course:
+    def grade_class(cls, directory, beside: Beside | None = None) -> Course:
         """A course in ``directory`` with this class submitted, graded by stock nbgrader, feedback made."""
         course = Course.create(directory, [cls.assignment], beside)
         cls.submit_class(course)
-        course.autograde(cls.assignment, env=env)
+        course.autograde(cls.assignment)
         return course
 
     @pytest.fixture(scope="class")
