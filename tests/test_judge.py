@@ -84,3 +84,26 @@ def test_verdicts_name_mistakes_and_refuse_tampering(fake_judge):
     assert "[mistake:tampering]" in fake_judge.verdict("quad", None, [right], ["torch.allclose"])
     assert fake_judge.verdict("quad", "`quad` raised TypeError: boom", [], []) == "`quad` raised TypeError: boom"
     assert "every case" in fake_judge.verdict("quad", None, [], [])
+
+
+def _torch_threads() -> int:
+    return torch.get_num_threads()
+
+
+def test_the_local_pool_judges_on_one_torch_thread():
+    """A pool process of ``./course grade`` runs the judge's torch on one thread, as its kernels and
+    referees do: torch's default (a thread per core) had each worker's judge compete for the cores
+    the other workers' kernels run on. (On a one-core machine the default is one thread already.)"""
+    from pathlib import Path
+
+    from autograder.engine.runners import LocalPool
+    from autograder.sandboxing.bubblewrap import Limits
+
+    # (the fork server is a fresh interpreter: torch's default there is a thread per core)
+    pool = LocalPool(Path(__file__).resolve().parents[1], Limits(), sandboxed=False, workers=1)
+    try:
+        pool.start(1)
+        pool._launched()
+        assert pool.executor.submit(_torch_threads).result(timeout=120) == 1
+    finally:
+        pool.join()

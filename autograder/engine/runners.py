@@ -164,7 +164,9 @@ def _pool_process_init(
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from ..worker import referee
+    from ..worker import judge, referee
+
+    judge.one_thread()
 
     referee.start_factory()  # now, while this process has one thread: its referees are forked from it
     station = Station(Path(course_root), sandboxed, limits, Path(base_dir), host)
