@@ -12,10 +12,12 @@ import re
 import nbformat
 import pytest
 from grading_harness import REPOSITORY
+from nbconvert.filters.highlight import Highlight2HTML
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 from traitlets.config.loader import PyFileConfigLoader
 
 from autograder import compat
+from autograder.worker import feedback
 from autograder.worker.feedback import FeedbackPages
 
 # a 1x1 PNG, as a plot's output carries its picture
@@ -70,3 +72,23 @@ def test_the_page_is_nbconverts_own_but_for_its_serialisation(pages, monkeypatch
     assert [alt_of(tag) for tag in images(ours)] == [alt_of(tag) for tag in images(theirs)]
     text = lambda page: re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page))).strip()  # noqa: E731
     assert text(ours) == text(theirs)
+
+
+def test_code_seen_on_an_earlier_page_is_highlighted_as_nbconvert_highlights_it(pages, monkeypatch):
+    """The exporter keeps each source's highlighted markup for the next page (most cells of an
+    assignment are the same in every submission): the pages come out as nbconvert's highlighter
+    makes them, a source in another language (a cell magic's) highlighted as that language."""
+    cells = [
+        new_code_cell("scores = q @ k.transpose(-2, -1) / d ** 0.5", execution_count=1),
+        new_code_cell("echo hi", execution_count=2, metadata={"magics_language": "bash"}),
+        new_code_cell("echo hi", execution_count=3),
+    ]
+    notebook = nbformat.writes(new_notebook(cells=cells))
+    first = pages.render(notebook, "alice", "01_attention", "01_attention")
+    again = pages.render(notebook, "bob", "01_attention", "01_attention")
+    monkeypatch.setattr(feedback.RememberedHighlight, "__call__", Highlight2HTML.__call__)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(REPOSITORY)).load_config()
+    stock = FeedbackPages(config).render(notebook, "alice", "01_attention", "01_attention")
+    assert first == stock and again.replace("bob", "alice") == stock
+    blocks = re.findall(r'<div class="[^"]*highlight[^"]*">.*?</pre>', stock, re.S)
+    assert len(blocks) == 3 and blocks[1] != blocks[2]  # bash's tokens, then Python's
