@@ -78,16 +78,6 @@ class Verdict:
         return mistake_of(self.message)
 
 
-def one_thread() -> None:
-    """torch on one thread in a local pool process, as in its kernels and referees (and in a Dask
-    worker, whose nanny sets OMP_NUM_THREADS=1): the judge's tensors are small, and torch's default
-    of a thread per core had each worker's judge compete for the cores the other workers' kernels
-    run on (08's judge took 5x longer with 2 workers than with 1)."""
-    import torch
-
-    torch.set_num_threads(1)
-
-
 def _defined_names(source: str) -> set[str]:
     try:
         tree = ast.parse(source)
