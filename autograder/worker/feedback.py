@@ -255,7 +255,8 @@ def with_policy(markup: str) -> str:
 class RememberedHighlight(Highlight2HTML):
     """nbconvert's code highlighting, each source's markup kept for the next page: the set-up and
     test cells of an assignment are the same in every submission, and highlighting was over half of
-    a feedback page's rendering (0.13 s of 07's). The ``KEPT`` sources used last are kept."""
+    a feedback page's rendering (0.13 s of 07's). The ``KEPT`` sources used last are kept, whatever
+    lexers the notebooks name (``pygments_lexer`` is set per notebook, as nbconvert picks it)."""
 
     KEPT = 512  # about 50 code cells a notebook, 10 notebooks; a few MB
 
@@ -264,7 +265,8 @@ class RememberedHighlight(Highlight2HTML):
         self._markup = functools.lru_cache(maxsize=self.KEPT)(self._highlighted)
 
     def __call__(self, source, language=None, metadata=None):
-        return self._markup(source, language, str((metadata or {}).get("magics_language", "")))
+        magics = str((metadata or {}).get("magics_language", ""))
+        return self._markup(source, language or self.pygments_lexer, magics)
 
     def _highlighted(self, source, language, magics_language):
         return super().__call__(source, language, {"magics_language": magics_language} if magics_language else None)
@@ -285,16 +287,11 @@ class InertFeedbackExporter(HTMLExporter):
             template_file="inert.html.j2",
         )
         super().__init__(config=config, **kwargs)
-        self._highlighters: dict[str, RememberedHighlight] = {}
+        self.filters["highlight_code"] = self._highlight = RememberedHighlight(parent=self)
 
     def from_notebook_node(self, nb, resources=None, **kw):
-        # nbconvert's own highlighter for the notebook's language (as it picks it), remembering its
-        # pages: most code cells are the same in every submission of an assignment
-        info = nb.metadata.get("language_info", {})
-        lexer = str(info.get("pygments_lexer", info.get("name")) or "ipython3")
-        if lexer not in self._highlighters:
-            self._highlighters[lexer] = RememberedHighlight(pygments_lexer=lexer, parent=self)
-        self.filters["highlight_code"] = self._highlighters[lexer]
+        info = nb.metadata.get("language_info", {})  # the notebook's language, as nbconvert picks it
+        self._highlight.pygments_lexer = str(info.get("pygments_lexer", info.get("name")) or "ipython3")
         with compat.page_as_rendered():  # the body's filter does what nbconvert parses the page again for
             return super().from_notebook_node(nb, resources, **kw)
 
