@@ -49,7 +49,9 @@ def stock_graded(request, tmp_path_factory):
     workers = max(1, min(len(suites), os.cpu_count() or 1, 4))
     # one torch thread a kernel, as under ./course grade: side by side, a thread per core each would
     # wait for the other's, and even alone 07's class took 353 s with them against 276 s with one
-    beside = Beside({**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    beside = Beside.at_lowest_priority(
+        {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}, tmp_path_factory.mktemp("stock-kernels")
+    )
     with ThreadPoolExecutor(workers, thread_name_prefix="stock-nbgrader") as pool:
         yield {
             suite.assignment: pool.submit(suite.grade_class, tmp_path_factory.mktemp(suite.assignment), beside)

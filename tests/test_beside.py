@@ -1,0 +1,36 @@
+"""The stock nbgrader runs graded beside the other tests (``stock_graded`` in conftest.py) take only
+the CPU those leave idle: their kernels as well as nbgrader itself (``grading_harness.Beside``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from grading_harness import Beside
+from jupyter_client.manager import start_new_kernel
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="a system without scheduler autogroups")
+def test_a_stock_kernel_beside_the_tests_lowers_its_sessions_share_of_the_cpu(tmp_path, monkeypatch):
+    beside = Beside.at_lowest_priority(dict(os.environ), tmp_path / "jupyter")
+    monkeypatch.setenv("JUPYTER_PATH", beside.environ["JUPYTER_PATH"])
+    manager, client = start_new_kernel(kernel_name="python3")  # the name the notebooks give
+    printed = []
+    try:
+        client.execute_interactive(
+            "import json, os, sys\n"
+            "print(json.dumps([open('/proc/self/autogroup').read(), os.getsid(0) == os.getpid(), sys.path]))",
+            output_hook=lambda message: printed.append(message["content"].get("text", "")),
+            timeout=60,
+        )
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    autogroup, own_session, path = json.loads("".join(printed))
+    assert own_session  # jupyter_client starts it in a session of its own: nbgrader's nice is not its share
+    assert autogroup.split()[-2:] == ["nice", "19"], autogroup
+    assert str(TESTS) not in path  # the launcher's folder: the suite's modules (tests/dask/...) are not the kernel's
