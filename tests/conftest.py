@@ -32,18 +32,14 @@ def stock_graded(request, tmp_path_factory):
     Stock ``nbgrader autograde`` grades one notebook at a time and keeps one core busy, so the
     classes are graded side by side, one per core (at most 4), the biggest first; a suite's
     tests wait for their own class only, and a class whose grading failed fails its own suite.
-    They start with the session, beside the tests before them, at the lowest CPU priority
-    (``Beside``): most of those tests keep one core busy or none, and the classes take the rest."""
+    They start with the session, beside the other tests, at the lowest CPU priority
+    (``Beside``): most of those tests keep one core busy or none, and the classes take the rest;
+    the tests that read them run last (``pytest_collection_modifyitems``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from grading_harness import Beside
-    from grading_suite import GradingSuite
 
-    suites = {
-        cls
-        for cls in (getattr(item, "cls", None) for item in request.session.items)
-        if isinstance(cls, type) and issubclass(cls, GradingSuite) and cls.assignment
-    }
+    suites = {item.cls for item in request.session.items if reads_a_stock_class(item)}
     # later notebooks have bigger classes and slower cells: start them first
     suites = sorted(suites, key=lambda suite: suite.assignment, reverse=True)
     workers = max(1, min(len(suites), os.cpu_count() or 1, 4))
@@ -213,7 +209,8 @@ def reads_a_stock_class(item) -> bool:
     """Whether the test reads a class that ``stock_graded`` grades beside the others."""
     from grading_suite import GradingSuite
 
-    return isinstance(item.cls, type) and issubclass(item.cls, GradingSuite) and bool(item.cls.assignment)
+    cls = getattr(item, "cls", None)
+    return isinstance(cls, type) and issubclass(cls, GradingSuite) and bool(cls.assignment)
 
 
 def pytest_collection_modifyitems(config, items):
