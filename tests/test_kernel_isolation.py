@@ -66,6 +66,9 @@ print(json.dumps({
     "capabilities": [line.split()[1] for line in status.splitlines() if line.startswith(("CapEff", "CapBnd"))],
     "namespaces": {kind: os.readlink(f"/proc/self/ns/{kind}") for kind in ("user", "pid", "ipc", "mnt")},
     "sees": len([name for name in os.listdir("/proc") if name.isdigit()]),
+    "session": os.getsid(0) == os.getpid(),
+    "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    "session nice": int(open("/proc/self/autogroup").read().split()[-1]),
 }))
 """
     root = Path(folder)
@@ -94,8 +97,10 @@ print(json.dumps({
         sandbox.close()
 
 
-def _assert_contained(seen: dict) -> None:
+def _assert_contained(seen: dict, nice: int = 0) -> None:
+    """``nice``: the priority the grader ran at (the kernel's session is lowered to it, never raised)."""
     kernel = seen["kernel"]
+    assert kernel["session"] and kernel["nice"] == nice and kernel["session nice"] == max(nice, 0), kernel
     assert "tried on" in seen["attack"], seen["attack"]
     assert seen["after"] == seen["before"], (seen["before"], seen["after"])
     assert kernel["parent"] == 1, kernel  # its own pid namespace: the interpreter has no pid there
@@ -111,7 +116,7 @@ def test_a_kernel_cannot_change_the_interpreter_forking_it(tmp_path):
     capability: its parent is its own init; prlimit, renice, sched_setaffinity and the out-of-memory
     score, tried on its parent and on every process it finds by the interpreter's command line, leave
     the interpreter as it was."""
-    _assert_contained(kernel_and_interpreter(str(tmp_path)))
+    _assert_contained(kernel_and_interpreter(str(tmp_path)), os.getpriority(os.PRIO_PROCESS, 0))
 
 
 SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
@@ -123,7 +128,10 @@ SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info
 )
 def test_a_kernel_cannot_change_its_interpreter_without_root_either():
     """The same as an ordinary user: bubblewrap then makes a user namespace for the sandbox, the
-    interpreter and its kernels share one user, and the kernel's own namespaces still keep it out."""
+    interpreter and its kernels share one user, and the kernel's own namespaces still keep it out. Run
+    as ``nice -n 4 ./course grade`` would run it: each kernel starts a session of its own, and with the
+    scheduler's autogroups the CPU is shared between sessions before nice counts, so the kernel's
+    session is lowered to nice 4 as well."""
     import sysconfig
     import tempfile
 
@@ -143,27 +151,28 @@ def test_a_kernel_cannot_change_its_interpreter_without_root_either():
         unreadable = _as_nobody(venv / "bin" / "python", folder / "work", PROBE, check=False)
         if unreadable:  # a checkout in a folder of root's alone (a home, ``mktemp -d``): say so, as the hub's tests do
             pytest.skip(f"this checkout or its venv cannot be read by another user here: {unreadable}")
-        seen = _as_nobody(venv / "bin" / "python", folder / "work")
+        seen = _as_nobody(venv / "bin" / "python", folder / "work", nice=4)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     assert seen["kernel"]["uid"] == 65534
-    _assert_contained(seen)
+    _assert_contained(seen, nice=min(19, 4 + os.getpriority(os.PRIO_PROCESS, 0)))
 
 
 PROBE = "import sys; sys.path.insert(0, 'tests'); import torch, autograder, test_kernel_isolation; print('RESULT {}')"
 
 
-def _as_nobody(python: Path, folder: Path, program: str | None = None, check: bool = True):
+def _as_nobody(python: Path, folder: Path, program: str | None = None, check: bool = True, nice: int = 0):
     """What ``program`` (by default: a kernel and its interpreter, ``kernel_and_interpreter``) reports
-    when run as ``nobody`` in this checkout; with ``check=False``, the tail of its errors when it
-    reports nothing ("" when it does)."""
+    when run as ``nobody`` in this checkout (``nice`` lower than this process); with ``check=False``,
+    the tail of its errors when it reports nothing ("" when it does)."""
     program = program or (
         "import json, sys; sys.path.insert(0, 'tests'); import test_kernel_isolation as t; "
         f"print('RESULT', json.dumps(t.kernel_and_interpreter({str(folder)!r})))"
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(folder), "TMPDIR": str(folder), "LANG": "C.UTF-8"}
     result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python), "-c", program],
+        ["nice", "-n", str(nice), "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(python)]
+        + ["-c", program],
         cwd=REPOSITORY,
         env=env,
         capture_output=True,
