@@ -31,6 +31,7 @@ def _outside(pid: int) -> dict:
         "nice": (proc / "stat").read_text().rsplit(")", 1)[1].split()[16],
         "cpus": next(line for line in status.splitlines() if line.startswith("Cpus_allowed_list")),
         "oom": (proc / "oom_score_adj").read_text(),
+        "session nice": int((proc / "autogroup").read_text().split()[-1]),
     }
 
 
@@ -101,6 +102,7 @@ def _assert_contained(seen: dict, nice: int = 0) -> None:
     """``nice``: the priority the grader ran at (the kernel's session is lowered to it, never raised)."""
     kernel = seen["kernel"]
     assert kernel["session"] and kernel["nice"] == nice and kernel["session nice"] == max(nice, 0), kernel
+    assert seen["before"]["session nice"] == max(nice, 0), seen["before"]  # the interpreter's session too
     assert "tried on" in seen["attack"], seen["attack"]
     assert seen["after"] == seen["before"], (seen["before"], seen["after"])
     assert kernel["parent"] == 1, kernel  # its own pid namespace: the interpreter has no pid there

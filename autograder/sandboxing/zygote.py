@@ -226,11 +226,12 @@ def _child(body, what: str) -> None:
 
 
 def _session_at_own_priority() -> None:
-    """A kernel's session (it starts one of its own) lowered to the kernel's priority: ``nice ./course
-    grade`` then lowers the notebooks' kernels too. With the scheduler's autogroups (on in most Linux
+    """This process's session lowered to its priority: ``nice ./course grade`` then lowers the sandbox's
+    processes too, each in a session of its own (the host and a sandbox's interpreter in bubblewrap's
+    or their own, each kernel in its own). With the scheduler's autogroups (on in most Linux
     distributions) the CPU is shared between sessions before nice counts within one, and a session
     starts at nice 0: a niced grader's kernels took their full share beside other users' work. Lowering
-    it needs no privilege (raising would); the kernel's own nice is the grader's, inherited."""
+    it needs no privilege (raising would); the nice is the grader's, inherited."""
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     if nice <= 0:
         return
@@ -654,7 +655,9 @@ class Zygote:
 
 
 def _settle(config: dict) -> None:
-    """Become the worker's interpreter: its own user, undumpable, its process limit, its environment."""
+    """Become the worker's interpreter: its session at its priority, its own user, undumpable, its process
+    limit, its environment."""
+    _session_at_own_priority()  # while its /proc/self files are still its own
     _drop_privileges(config.get("uid"), config.get("gid"))
     prctl(PR_SET_DUMPABLE, 0)  # kernels of the same uid cannot ptrace or read our memory
     limit = config.get("processes")
@@ -763,6 +766,7 @@ def host(config: dict) -> None:
     """The host's loop: warm up once, then fork one interpreter per worker that connects."""
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _session_at_own_priority()
     os.environ.update(config.get("env", {}))
     timings = _warm_up(config.get("preload", []))
     gc.freeze()
