@@ -79,6 +79,25 @@ def test_training_windows_score_every_position_generate_predicts_from(ref, train
     assert scored == list(range(BLOCK_SIZE)), scored
 
 
+def test_while_graded_it_trains_no_steps_and_makes_no_optimizer(training, monkeypatch, capsys):
+    """Graded, the notebook trains 0 steps (``grading_now()``): the first AdamW made in a process imports
+    much of torch (about a second and 70 MB in each graded kernel), so the cell makes none then."""
+
+    class Counted(torch.optim.AdamW):
+        made = 0
+
+        def __init__(self, *args, **kwargs):
+            Counted.made += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Counted)
+    namespace = run_cell(TRAINING_CELL, training(steps=0, max_cpu_seconds=60))
+    assert Counted.made == 0 and namespace["trained_steps"] == 0 and namespace["model"] is not None
+    assert "0 steps in " in capsys.readouterr().out
+    run_cell(TRAINING_CELL, training(steps=1, max_cpu_seconds=600))
+    assert Counted.made == 1
+
+
 def test_training_runs_its_whole_schedule(training, capsys):
     namespace = run_cell(TRAINING_CELL, training(steps=3, max_cpu_seconds=600))
     out = capsys.readouterr().out
