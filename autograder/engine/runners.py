@@ -157,6 +157,80 @@ _station: list[Station] = []
 POOL_PRELOAD = ["autograder.engine.pool_preload"]
 
 
+def start_fork_server_here() -> bool:
+    """Start the pool's fork server as a fork of this process: True if it did, False if it left
+    that to multiprocessing (which starts a new interpreter).
+
+    The server then shares what this process has imported (nbgrader: 85 MB, imported to read the
+    gradebook) with the pool processes forked from it, instead of importing a copy of its own. It
+    runs exactly the command multiprocessing would have started a new interpreter with, and holds
+    only the descriptors that interpreter would have had: none of the command's (the gradebook, the
+    run's lock, the sandbox host's), and no signal handler of its. Nothing it inherited runs again:
+    it ends with ``os._exit``, and everything this process had allocated is frozen first, so the
+    collector never frees an object whose descriptor is now another file's.
+
+    Only from a process with one thread: a fork copies the calling thread only, and a lock another
+    thread held would stay held in the copy. Otherwise, or when multiprocessing does not start its
+    server with ``-c`` and a command, the usual way.
+    """
+    if len(os.listdir("/proc/self/task")) != 1:
+        return False
+    from multiprocessing import forkserver, resource_tracker, util
+
+    resource_tracker.ensure_running()  # a new interpreter, as usual (it spawns nothing after)
+    usual = util.spawnv_passfds
+    forked: list[int] = []
+
+    def fork_instead(path, args, passfds):
+        if args[-2:-1] != ["-c"] or "forkserver" not in args[-1]:
+            return usual(path, args, passfds)
+        for stream in (sys.stdout, sys.stderr):  # else the server's first flush prints ours again
+            stream.flush()
+        import gc
+
+        gc.freeze()
+        pid = os.fork()
+        if pid == 0:
+            status = 0
+            try:
+                _become_fork_server(args[-1], passfds)
+            except SystemExit:  # how it ends: the command's end of its "alive" pipe closed
+                pass
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                status = 1
+            finally:
+                os._exit(status)  # never back into the command's code or its exit handlers
+        forked.append(pid)
+        return pid
+
+    util.spawnv_passfds = fork_instead
+    try:
+        forkserver.ensure_running()
+    finally:
+        util.spawnv_passfds = usual
+    return bool(forked)
+
+
+def _become_fork_server(command: str, passfds) -> None:
+    """In the fork: keep only the server's descriptors, drop the command's signal handlers, run it."""
+    keep = sorted({0, 1, 2, *passfds})
+    low = 0
+    for fd in [*keep, os.sysconf("SC_OPEN_MAX")]:
+        if low < fd:  # closerange(0, 0) closes every descriptor (close_range's last is then -1)
+            os.closerange(low, fd)
+        low = fd + 1
+    for number in signal.valid_signals():
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+    sys.settrace(None)
+    sys.setprofile(None)
+    exec(command, {"__name__": "__fork_server__"})
+
+
 def _pool_process_init(
     course_root: str, limits: Limits, sandboxed: bool, base_dir: str, host: HostAddress | None
 ) -> None:
@@ -228,6 +302,7 @@ class LocalPool:
         if self.host is not None and self.host.process is None:
             self.host.launch()  # here, not in the thread below: it lives with the thread that started it
         host = self.host.address if self.host is not None else None
+        start_fork_server_here()  # here, while this process has one thread
 
         def launch() -> None:
             try:
