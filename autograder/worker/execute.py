@@ -351,9 +351,10 @@ class ContainedExecute(ObservedExecute):
                     await self.km.start_kernel()
                     # The client's sockets connect before the kernel has made its own, and zmq tries
                     # again after its reconnect interval (100 ms unless told): 5 ms here, over a
-                    # local socket file.
-                    self.km.context.setsockopt(zmq.RECONNECT_IVL, 5)
+                    # local socket file. Set on the client's own context, which makes its sockets
+                    # (jupyter_client gives each client a context of its own, not the manager's).
                     self.kc = self.km.client()
+                    self.kc.context.setsockopt(zmq.RECONNECT_IVL, 5)
                     self.kc.start_channels()
                     await self._ready(time.monotonic() + max(60.0, self.startup_timeout))
                     self.kc.allow_stdin = False
