@@ -17,8 +17,9 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+
+from processes import still_running
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -91,19 +92,6 @@ def start(tmp_path: Path, mode: str) -> dict:
     return seen
 
 
-def gone(pid: int, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_the_fork_server_is_a_fork_of_the_command_holding_none_of_its_files(tmp_path):
     seen = start(tmp_path, "alone")
     assert seen["forked"] is True
@@ -112,7 +100,7 @@ def test_the_fork_server_is_a_fork_of_the_command_holding_none_of_its_files(tmp_
     assert seen["gradebook"] not in seen["server_files"], seen["server_files"]
     assert seen["gradebook"] not in seen["process_files"], seen["process_files"]
     assert seen["sigterm_usual"], "the command's own signal handler reached a pool process"
-    assert gone(seen["server"]), "the fork server outlived the command"
+    assert not still_running([seen["server"]]), "the fork server outlived the command"
 
 
 def test_with_a_second_thread_the_server_is_a_new_interpreter(tmp_path):
@@ -121,4 +109,4 @@ def test_with_a_second_thread_the_server_is_a_new_interpreter(tmp_path):
     assert seen["server_command"] != seen["command"]
     assert any("multiprocessing.forkserver" in part for part in seen["server_command"]), seen["server_command"]
     assert seen["gradebook"] not in seen["server_files"] and seen["sigterm_usual"]
-    assert gone(seen["server"])
+    assert not still_running([seen["server"]])

@@ -16,6 +16,7 @@ import types
 
 import pytest
 import torch
+from processes import still_running
 from torch import nn
 
 from autograder.exercises import catalogue
@@ -432,20 +433,8 @@ def test_a_pool_process_forks_its_referees_from_a_warm_copy_of_itself():
     assert report["table"]["error"]["type"] in ("MemoryError", "RuntimeError")  # 1.6 GB: over its 512 MB
     assert "took longer" in report["slow"]["error"]["message"]
     assert report["again"] == {"value": {"value": 4}} and report["starts"] == 2 and not report["first_alive"]
-    deadline = time.monotonic() + 10
-    left = [report["factory_pid"], report["second"]]
-    while left and time.monotonic() < deadline:
-        left = [pid for pid in left if _running(pid)]
-        time.sleep(0.05)
+    left = still_running([report["factory_pid"], report["second"]])
     assert not left, f"still running after their pool process died: {left}"
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_objects_held_outside_are_let_go_when_the_cell_ends(kernel):
