@@ -162,7 +162,7 @@ def start_fork_server_here() -> bool:
     that to multiprocessing (which starts a new interpreter).
 
     The server then shares what this process has imported (nbgrader: 85 MB, imported to read the
-    gradebook) with the pool processes forked from it, instead of importing a copy of its own. It
+    course's configuration) with the pool processes forked from it, instead of importing a copy of its own. It
     runs exactly the command multiprocessing would have started a new interpreter with, and holds
     only the descriptors that interpreter would have had: none of the command's (the gradebook, the
     run's lock, the sandbox host's), and no signal handler of its. Nothing it inherited runs again:
