@@ -271,10 +271,15 @@ def decode(data, depth: int = 0, budget: list | None = None, codec: Codec | None
 # ---------------------------------------------------------------- objects of the reference's classes
 
 
-def _module_internals() -> frozenset:
-    from torch import nn  # here: the grade command's process reads this module without torch
+_internals: list[frozenset] = []  # made once: a module's own attributes, as nn.Module sets them
 
-    return frozenset(vars(nn.Module())) | {"training"}
+
+def _module_internals() -> frozenset:
+    if not _internals:
+        from torch import nn  # here: the grade command's process reads this module without torch
+
+        _internals.append(frozenset(vars(nn.Module())) | {"training"})
+    return _internals[0]
 
 
 def _name_ok(name) -> bool:
