@@ -218,7 +218,7 @@ def _main(argv) -> int:
 def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) -> int:
     from .engine.collect import collect, printable_lines
     from .engine.plan import output_paths, plan_jobs
-    from .engine.report import export_csv, summary, write_report  # matplotlib: imported as the run ends
+    from .engine.report import export_csv, summary, write_report
     from .engine.runs import trace
     from .engine.writer import Graded, Ledger, grade_and_commit, record_run
 
@@ -265,11 +265,11 @@ def _graded_run(args, course, limits, runner, scratch, sandboxed, say, started) 
             )
             runner.close()
             return 130
-        runner.close()  # the workers wind down while the CSV and the report are written
         csv_path, report_path = output_paths(args, course)
         rows = export_csv(course, ledger, csv_path)
-        write_report(course, ledger, rows, report_path)
+        write_report(course, ledger, rows, report_path, map_charts=runner.map)  # the idle workers draw
         trace("CSV and report written")
+        runner.close()
         seconds = time.monotonic() - started
         record_run(course, graded, seconds)
         print(

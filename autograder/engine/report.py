@@ -9,7 +9,9 @@ faults, the misconception behind each failed check.
   of its own (``LATE_PENALTY``), as negative points;
 - report (one HTML file, plots inline): score distribution per assignment, pass
   rate per exercise, the most common misconceptions with their counts, the
-  submissions flagged for review and those that could not be graded.
+  submissions flagged for review and those that could not be graded. Its charts are data
+  (``Chart``) until drawn, so the grade command's pool processes, idle once the class is
+  graded, draw them beside the command (``LocalPool.map``).
 """
 
 from __future__ import annotations
@@ -117,13 +119,47 @@ def export_csv(course, ledger, path: Path) -> list[Row]:
 # ---------------------------------------------------------------- report
 
 
-def _png(figure) -> str:
+@dataclass(frozen=True)
+class Chart:
+    """One figure of the report, as data: it is drawn wherever a processor is free (``draw``)."""
+
+    kind: str  # "assignment": scores and pass rates; "misconceptions": the most common ones
+    values: tuple  # the scores, or the counts
+    labels: tuple = ()  # the exercises, or the misconceptions
+    rates: tuple = ()  # per exercise: the share of submissions with full points
+    top: float = 0.0  # the assignment's maximum points
+
+
+def draw(chart: Chart) -> str:
+    """The chart as an inline PNG ``<img>``."""
+    import matplotlib  # here: only the processes that draw import it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # here: only the processes that draw import it
+
+    if chart.kind == "assignment":
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)
+        top = chart.top
+        left.hist(chart.values, bins=min(20, max(5, int(top) + 1)), range=(0, max(top, 1)), color="#4c72b0")
+        left.set_title("score distribution")
+        left.set_xlabel("points")
+        left.set_ylabel("students")
+        right.barh(list(chart.labels)[::-1], list(chart.rates)[::-1], color="#55a868")
+        right.set_xlim(0, 1)
+        right.set_title("pass rate per exercise")
+        right.set_xlabel("share of submissions with full points")
+    else:
+        figure, axis = plt.subplots(figsize=(8, 0.35 * len(chart.values) + 1), constrained_layout=True)
+        axis.barh(list(chart.labels)[::-1], list(chart.values)[::-1], color="#c44e52")
+        axis.set_xlabel("submissions")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt  # here: the report's own, imported as the run ends
-
     plt.close(figure)
     return '<img alt="" src="data:image/png;base64,' + base64.b64encode(buffer.getvalue()).decode() + '">'
+
+
+def draw_here(function, charts) -> list:
+    return [function(chart) for chart in charts]
 
 
 def _mistake_names(summaries: dict) -> dict:
@@ -142,12 +178,9 @@ def _table(header, body) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
 
 
-def write_report(course, ledger, rows: list[Row], path: Path) -> None:
-    import matplotlib  # here: the report's own, imported as the run ends
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # here: the report's own, imported as the run ends
-
+def write_report(course, ledger, rows: list[Row], path: Path, map_charts=draw_here) -> None:
+    """The class report. ``map_charts(draw, charts)``: the charts drawn, in order (a runner's ``map``
+    has its idle workers draw them); drawn here if it fails."""
     summaries = ledger.summaries()
     names = _mistake_names(summaries)
     by_assignment: dict[str, list[Row]] = defaultdict(list)
@@ -174,22 +207,13 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
             if scores
             else "<p>No submissions.</p>"
         )
-        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)
-        left.hist(scores, bins=min(20, max(5, int(top) + 1)), range=(0, max(top, 1)), color="#4c72b0")
-        left.set_title("score distribution")
-        left.set_xlabel("points")
-        left.set_ylabel("students")
         graded = [r for r in assignment_rows if r.cell]  # the exercises (a penalty is not one)
         cells = sorted({r.cell for r in graded}, key=lambda c: [r.cell for r in graded].index(c))
         rates = []
         for cell in cells:
             these = [r for r in graded if r.cell == cell]
             rates.append(sum(r.points >= r.max_points for r in these) / len(these))
-        right.barh([exercise_name(c) for c in cells][::-1], rates[::-1], color="#55a868")
-        right.set_xlim(0, 1)
-        right.set_title("pass rate per exercise")
-        right.set_xlabel("share of submissions with full points")
-        parts.append(_png(figure))
+        parts.append(Chart("assignment", tuple(scores), tuple(exercise_name(c) for c in cells), tuple(rates), top))
     mistakes = Counter()
     for row in rows:
         if row.mistake and row.mistake != "tampering":  # that one is a flag, not a misconception
@@ -197,10 +221,8 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
     parts.append("<h2>Most common misconceptions</h2>")
     if mistakes:
         common = mistakes.most_common(15)
-        figure, axis = plt.subplots(figsize=(8, 0.35 * len(common) + 1), constrained_layout=True)
-        axis.barh([f"{m} ({e})" for (m, _, e), _ in common][::-1], [n for _, n in common][::-1], color="#c44e52")
-        axis.set_xlabel("submissions")
-        parts.append(_png(figure))
+        labels = tuple(f"{m} ({e})" for (m, _, e), _ in common)
+        parts.append(Chart("misconceptions", tuple(n for _, n in common), labels))
         parts.append(
             _table(
                 ["count", "misconception", "id", "assignment", "exercise"],
@@ -232,6 +254,15 @@ def write_report(course, ledger, rows: list[Row], path: Path) -> None:
     parts.append(_table(["student", "assignment", "why"], rejected) if rejected else "<p>None.</p>")
     parts.append(f"<h2>Cells that hung, crashed or printed too much ({len(faults)})</h2>")
     parts.append(_table(["student", "assignment", "what", "where"], faults) if faults else "<p>None.</p>")
+    charts = [part for part in parts if isinstance(part, Chart)]
+    try:
+        images = list(map_charts(draw, charts))
+    except Exception:  # the workers are gone: nothing lost but their help
+        images = []
+    if len(images) != len(charts):
+        images = draw_here(draw, charts)
+    drawn = iter(images)
+    parts = [next(drawn) if isinstance(part, Chart) else part for part in parts]
     style = (
         "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 8px;"
