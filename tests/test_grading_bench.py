@@ -166,3 +166,44 @@ def test_the_peak_leaves_out_the_processes_counted_apart_and_counts_what_they_st
     apart, peak = json.loads(run.stdout.splitlines()[-1])
     assert 200 <= apart < 240, apart
     assert 100 <= peak < 140, peak
+
+
+# The bench's two runs of a row, in a fresh interpreter: a command that notes when it ran (in the
+# folder it runs in) is timed, then sampled; the sampler's samples are noted as they are taken.
+TIMED_THEN_SAMPLED = """
+import importlib.util, json, sys, time
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("grading_bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+samples, sample = [], bench.PeakMemory._tree_mb
+def noted(self):
+    samples.append(time.monotonic())
+    return sample(self)
+bench.PeakMemory._tree_mb = noted
+runs = [Path(folder) for folder in sys.argv[2:4]]
+notes = "import time; from pathlib import Path; a = time.monotonic(); time.sleep(0.6); "
+notes += "Path('ran').write_text(f'{a} {time.monotonic()}')"
+wall, memory, cpu, result = bench.timed_then_sampled([sys.executable, "-c", notes], runs)
+print(json.dumps({"wall": wall, "samples": samples, "runs": [[float(t) for t in (r / "ran").read_text().split()] for r in runs]}))
+"""
+
+
+def test_a_rows_wall_time_is_from_a_run_nothing_samples(tmp_path):
+    """The memory sampler takes a third of a core: the bench times each row in a run of its own, and
+    samples its memory and CPU in a second run, on a fresh copy of the class."""
+    timed, sampled = tmp_path / "timed", tmp_path / "sampled"
+    timed.mkdir(), sampled.mkdir()
+    run = subprocess.run(
+        [sys.executable, "-c", TIMED_THEN_SAMPLED, str(REPOSITORY / "tools" / "bench" / "grading.py"), timed, sampled],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    seen = json.loads(run.stdout.splitlines()[-1])
+    (first_began, first_ended), (second_began, second_ended) = seen["runs"]
+    assert first_ended <= second_began
+    assert not [t for t in seen["samples"] if first_began <= t <= first_ended], "the timed run was sampled"
+    assert len([t for t in seen["samples"] if second_began <= t <= second_ended]) >= 3
+    assert first_ended - first_began <= seen["wall"] < second_began - first_began + 0.6
