@@ -1,7 +1,8 @@
-"""Processes seen from outside, through /proc: which of them still run."""
+"""Processes seen from outside, through /proc: which of them still run, their children, their open files."""
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -23,3 +24,41 @@ def still_running(pids, seconds: float = 10.0) -> list[int]:
         if left:
             time.sleep(0.05)
     return left
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid``'s threads started (its children), by pid."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as listed:
+                found += [int(child) for child in listed.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, theirs, and so on."""
+    found, waiting = [], [pid]
+    while waiting:
+        for child in children(waiting.pop()):
+            found.append(child)
+            waiting.append(child)
+    return found
+
+
+def command_line(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        return cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+
+
+def open_files(pid) -> list[str]:
+    """What ``pid`` (or ``"self"``) holds open: each descriptor's target (a path, ``pipe:[..]``, ``socket:[..]``)."""
+    found = []
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{name}"))
+        except OSError:
+            pass
+    return found

@@ -24,6 +24,7 @@ from browser_harness import free_port
 from grading_harness import UNTOUCHED, Course, grade, sandbox_works
 from hostile_submissions import ASSIGNMENT, submit_all, verify
 from local_cluster import LocalCluster
+from processes import children, command_line, descendants, open_files
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 SABOTEUR = Path(__file__).resolve().parent / "dask" / "saboteur.py"
@@ -141,6 +142,32 @@ def test_the_cluster_gives_the_local_gradebook(cluster, local, template, tmp_pat
     assert any("max" in message for message in verdicts(course)[("ben", "01_attention")]["test_softmax"])
     rerun = grade(course.root, *LIMITS, "--scheduler", cluster.address)
     assert rerun.returncode == 0 and "11 unchanged" in rerun.stdout, rerun.stdout
+
+
+def test_a_workers_processes_are_forked_from_warm_ones(cluster, template, tmp_path):
+    """``./course worker``'s worker process is forked from a fork server that imported torch and the
+    grader once (``dask_nanny``), and its referees from a copy of it (no fresh interpreter for either,
+    which would import its own torch); that copy holds nothing of theirs but its channel."""
+    course = copy_course(template, tmp_path / "course")
+    result = grade(course.root, *LIMITS, "--scheduler", cluster.address, "00_start_here")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("wa", "wb"):
+        command_pid = cluster.processes[name].pid
+        processes = {pid: command_line(pid) for pid in descendants(command_pid)}
+        servers = [pid for pid in children(command_pid) if "multiprocessing.forkserver" in processes[pid]]
+        assert len(servers) == 1, processes  # the nanny's (its forks run the same command line)
+        workers = children(servers[0])
+        assert len(workers) == 1, processes  # --nworkers 1: the worker process, the server's child
+        worker = workers[0]
+        with open(f"/proc/{servers[0]}/maps") as maps:
+            assert "libtorch" in maps.read()  # torch, imported by the server before it forked the worker
+        assert not [c for c in processes.values() if "autograder.worker.referee" in c]  # no fresh referee
+        copies = [pid for pid in children(worker) if processes.get(pid) == processes[worker]]
+        assert len(copies) == 1, processes  # the referees' factory: a fork of the worker process
+        referees = children(copies[0])
+        assert referees and all(processes.get(pid) == processes[worker] for pid in referees), processes
+        kept = open_files(copies[0])
+        assert len(kept) == 4 and sum(f.startswith("socket:") for f in kept) >= 1, kept  # 0, 1, 2, its channel
 
 
 def test_hostile_integrity_class_on_the_cluster(cluster, local, template, tmp_path):

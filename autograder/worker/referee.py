@@ -646,8 +646,21 @@ class Factory:
 
 
 def _serve(channel: socket.socket) -> None:
-    """The copy's loop: one referee forked per request, until the channel closes."""
+    """The copy's loop: one referee forked per request, until the channel closes.
+
+    It keeps none of what it was forked with but its channel and the standard streams (a pool
+    process's queues, a fork server's socket and pipes), and none of its Python signal handlers
+    (a signal ignored stays ignored: Ctrl-C is the grade command's)."""
     die_with_parent()
+    for number in signal.valid_signals():
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+    low = 3
+    for fd in sorted({channel.fileno(), os.sysconf("SC_OPEN_MAX")}):
+        if low < fd:  # closerange(3, 3) would close nothing, but keep to the rule: never low >= fd
+            os.closerange(low, fd)
+        low = fd + 1
     while True:
         while True:  # the referees that ended
             try:
