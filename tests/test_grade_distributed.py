@@ -147,7 +147,9 @@ def test_the_cluster_gives_the_local_gradebook(cluster, local, template, tmp_pat
 def test_a_workers_processes_are_forked_from_warm_ones(cluster, template, tmp_path):
     """``./course worker``'s worker process is forked from a fork server that imported torch and the
     grader once (``dask_nanny``), and its referees from a copy of it (no fresh interpreter for either,
-    which would import its own torch); that copy holds nothing of theirs but its channel."""
+    which would import its own torch); that copy holds nothing of theirs but its channel. As root,
+    the worker's sandboxed interpreter is forked by the server's sandbox host (``dask_host``), not
+    started by the worker process."""
     course = copy_course(template, tmp_path / "course")
     result = grade(course.root, *LIMITS, "--scheduler", cluster.address, "00_start_here")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -156,8 +158,8 @@ def test_a_workers_processes_are_forked_from_warm_ones(cluster, template, tmp_pa
         processes = {pid: command_line(pid) for pid in descendants(command_pid)}
         servers = [pid for pid in children(command_pid) if "multiprocessing.forkserver" in processes[pid]]
         assert len(servers) == 1, processes  # the nanny's (its forks run the same command line)
-        workers = children(servers[0])
-        assert len(workers) == 1, processes  # --nworkers 1: the worker process, the server's child
+        workers = [pid for pid in children(servers[0]) if processes[pid] == processes[servers[0]]]
+        assert len(workers) == 1, processes  # --nworkers 1: the worker process, a fork of the server
         worker = workers[0]
         with open(f"/proc/{servers[0]}/maps") as maps:
             assert "libtorch" in maps.read()  # torch, imported by the server before it forked the worker
@@ -168,6 +170,10 @@ def test_a_workers_processes_are_forked_from_warm_ones(cluster, template, tmp_pa
         assert referees and all(processes.get(pid) == processes[worker] for pid in referees), processes
         kept = open_files(copies[0])
         assert len(kept) == 4 and sum(f.startswith("socket:") for f in kept) >= 1, kept  # 0, 1, 2, its channel
+        if os.geteuid() == 0:
+            interpreters = [pid for pid, command in processes.items() if "autograder.sandboxing.zygote" in command]
+            assert interpreters and all("--host" in processes[pid] for pid in interpreters), processes
+            assert not set(interpreters) & set(descendants(worker)), "the worker process started its own sandbox"
 
 
 def test_hostile_integrity_class_on_the_cluster(cluster, local, template, tmp_path):

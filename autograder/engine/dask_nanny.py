@@ -3,13 +3,14 @@
 Each nanny then starts its worker process from a fork server that imported what grading needs once
 (torch, the executor, nbgrader's preprocessors: ``pool_preload``, as for the local pool's
 processes), so the worker processes of one ``./course worker`` share that memory instead of each
-importing its own copy (about 200 MB a process). The nanny itself imports none of it.
+importing its own copy (about 200 MB a process). As root the server also starts one sandbox host
+for them all (``dask_host``). The nanny itself imports none of it.
 """
 
 from __future__ import annotations
 
-# what the fork server imports before it forks any worker process: Dask's own, then the grader's
-PRELOAD = ["distributed", "autograder.engine.pool_preload"]
+# what the fork server imports before it forks any worker process: Dask's own, the grader's, the host
+PRELOAD = ["distributed", "autograder.engine.pool_preload", "autograder.engine.dask_host"]
 
 
 def dask_setup(nanny) -> None:

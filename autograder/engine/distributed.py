@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import tempfile
 import threading
 import uuid
@@ -63,13 +64,20 @@ _stations_lock = threading.Lock()
 
 
 def station(sandboxed: bool) -> Station:
-    """This worker process's warm sandboxes (``runners.Station``: one per grading thread)."""
+    """This worker process's warm sandboxes (``runners.Station``: one per grading thread), forked by
+    the sandbox host of the fork server this process was forked from, if it started one
+    (``dask_host``; in the host's folder, which is the host's to remove)."""
     with _stations_lock:
         if sandboxed not in _stations:
             sweep_orphans(DASK_PREFIX)
-            _stations[sandboxed] = Station(
-                REPOSITORY, sandboxed, base=Path(tempfile.mkdtemp(prefix=f"{DASK_PREFIX}{os.getpid()}-"))
-            )
+            hosted = sys.modules.get("autograder.engine.dask_host")  # imported by that server, not here
+            shared = hosted.SHARED if hosted is not None and sandboxed else None
+            if shared is not None:
+                _stations[sandboxed] = Station(REPOSITORY, sandboxed, base=shared[0], host=shared[1], shared=True)
+            else:
+                _stations[sandboxed] = Station(
+                    REPOSITORY, sandboxed, base=Path(tempfile.mkdtemp(prefix=f"{DASK_PREFIX}{os.getpid()}-"))
+                )
         return _stations[sandboxed]
 
 

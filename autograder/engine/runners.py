@@ -78,7 +78,9 @@ class Station:
     """One grading process's warm sandboxes: one per thread that grades at a time.
 
     ``limits`` are the sandbox's own (process count, scratch size), set when
-    it starts; each notebook's limits travel with its job.
+    it starts; each notebook's limits travel with its job. ``shared``: ``base``
+    holds other processes' sandboxes too (a Dask worker's, in its sandbox host's
+    folder), so closing removes only this station's own.
     """
 
     def __init__(
@@ -88,9 +90,11 @@ class Station:
         limits: Limits | None = None,
         base: Path | None = None,
         host: HostAddress | None = None,
+        shared: bool = False,
     ):
         self.course_root, self.sandboxed, self.limits = Path(course_root), sandboxed, limits or Limits()
         self.base = base or Path(tempfile.mkdtemp(prefix=f"ag-{os.getpid()}-"))
+        self.shared = shared
         self.host = host  # the run's sandbox host, when one forks the interpreters
         self.idle: list[Seat] = []
         self.everyone: list[Seat] = []
@@ -133,7 +137,10 @@ class Station:
             seats, self.everyone, self.idle = self.everyone, [], []
         for seat in seats:
             seat.sandbox.close()
-        shutil.rmtree(self.base, ignore_errors=True)
+            if self.shared:
+                shutil.rmtree(seat.sandbox.run_dir, ignore_errors=True)
+        if not self.shared:
+            shutil.rmtree(self.base, ignore_errors=True)
 
 
 def grade_at(station: Station, job: Job) -> Result:
