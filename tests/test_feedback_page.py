@@ -12,6 +12,7 @@ import re
 import nbformat
 import pytest
 from grading_harness import REPOSITORY
+from nbconvert.exporters import HTMLExporter
 from nbconvert.filters.highlight import Highlight2HTML
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 from traitlets.config.loader import PyFileConfigLoader
@@ -92,3 +93,36 @@ def test_code_seen_on_an_earlier_page_is_highlighted_as_nbconvert_highlights_it(
     assert first == stock and again.replace("bob", "alice") == stock
     blocks = re.findall(r'<div class="[^"]*highlight[^"]*">.*?</pre>', stock, re.S)
     assert len(blocks) == 3 and blocks[1] != blocks[2]  # bash's tokens, then Python's
+
+
+def test_markdown_seen_on_an_earlier_page_is_rendered_as_nbconvert_renders_it(pages, monkeypatch):
+    """The exporter keeps each Markdown cell's markup for the next page (the released cells are the
+    same in every submission): the pages come out as nbconvert's filter makes them, and a cell with
+    the same text but other attachments gets its own picture, not the one kept."""
+
+    def notebook(picture: str) -> str:
+        cell = new_markdown_cell("The heads: ![heads](attachment:heads.png) and *more* $x^2$")
+        cell.attachments = {"heads.png": {"image/png": picture}}
+        return nbformat.writes(new_notebook(cells=[cell, new_markdown_cell("# A title")]))
+
+    other = base64.b64encode(b"another picture").decode()
+    first = pages.render(notebook(PIXEL), "alice", "01_attention", "01_attention")
+    nbconverts = HTMLExporter.markdown2html
+    rendered = []
+
+    def counted(self, context, source):
+        rendered.append(source)
+        return nbconverts(self, context, source)
+
+    monkeypatch.setattr(HTMLExporter, "markdown2html", counted)
+    again = pages.render(notebook(PIXEL), "bob", "01_attention", "01_attention")
+    assert rendered == []  # both cells kept from the first page
+    changed = pages.render(notebook(other), "alice", "01_attention", "01_attention")
+    assert len(rendered) == 1  # the cell whose picture changed, alone
+    monkeypatch.setattr(HTMLExporter, "markdown2html", nbconverts)
+    monkeypatch.setattr(feedback.InertFeedbackExporter, "markdown2html", nbconverts)
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(REPOSITORY)).load_config()
+    stock = FeedbackPages(config).render(notebook(PIXEL), "alice", "01_attention", "01_attention")
+    stock_changed = FeedbackPages(config).render(notebook(other), "alice", "01_attention", "01_attention")
+    assert first == stock and again.replace("bob", "alice") == stock
+    assert changed == stock_changed and other in changed and PIXEL not in changed

@@ -27,12 +27,14 @@ sanitizer) with one allow-list (``inert_html``):
   elsewhere.
 """
 
+import collections
 import functools
 import html
 import json
 import re
 from pathlib import Path
 
+import jinja2
 import nbformat
 import nbgrader
 import nh3
@@ -288,6 +290,27 @@ class InertFeedbackExporter(HTMLExporter):
         )
         super().__init__(config=config, **kwargs)
         self.filters["highlight_code"] = self._highlight = RememberedHighlight(parent=self)
+        self._markup: collections.OrderedDict = collections.OrderedDict()
+
+    @jinja2.pass_context
+    def markdown2html(self, context, source):
+        """nbconvert's Markdown filter, each cell's markup kept for the next page, as the highlighted
+        code is (``RememberedHighlight``): the released Markdown cells are the same in every
+        submission. Keyed by all the filter reads of a cell: its source, its attachments and the
+        notebook's folder (the rest is this exporter's configuration)."""
+        cell = context.get("cell", {})
+        key = (
+            source,
+            json.dumps(cell.get("attachments", {}), sort_keys=True, default=str),
+            str(context.get("resources", {}).get("metadata", {}).get("path", "")),
+        )
+        if key in self._markup:
+            self._markup.move_to_end(key)
+            return self._markup[key]
+        markup = self._markup[key] = super().markdown2html(context, source)
+        while len(self._markup) > RememberedHighlight.KEPT:
+            self._markup.popitem(last=False)
+        return markup
 
     def from_notebook_node(self, nb, resources=None, **kw):
         info = nb.metadata.get("language_info", {})  # the notebook's language, as nbconvert picks it
