@@ -36,7 +36,7 @@ from typing import Protocol
 
 from ..records import Job, Result
 from ..sandboxing.bubblewrap import HostAddress, Limits, SandboxHost, WarmSandbox, claim_slot
-from ..sandboxing.linux import die_with_parent
+from ..sandboxing.linux import die_with_parent, drop_signal_handlers, keep_only_descriptors
 from .runs import SCRATCH_PREFIX
 
 
@@ -227,16 +227,8 @@ def start_fork_server_here() -> bool:
 
 def _become_fork_server(command: str, passfds) -> None:
     """In the fork: keep only the server's descriptors, drop the command's signal handlers, run it."""
-    keep = sorted({0, 1, 2, *passfds})
-    low = 0
-    for fd in [*keep, os.sysconf("SC_OPEN_MAX")]:
-        if low < fd:  # closerange(0, 0) closes every descriptor (close_range's last is then -1)
-            os.closerange(low, fd)
-        low = fd + 1
-    for number in signal.valid_signals():
-        handler = signal.getsignal(number)
-        if callable(handler) and handler is not signal.default_int_handler:
-            signal.signal(number, signal.SIG_DFL)
+    keep_only_descriptors({0, 1, 2, *passfds})
+    drop_signal_handlers()
     sys.settrace(None)
     sys.setprofile(None)
     exec(command, {"__name__": "__fork_server__"})

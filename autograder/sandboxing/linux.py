@@ -43,6 +43,25 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     prctl(PR_SET_PDEATHSIG, sig)
 
 
+def keep_only_descriptors(keep) -> None:
+    """Close every descriptor of this process but those in ``keep`` (a fork that must hold nothing
+    of its parent's: files, pipes, sockets)."""
+    low = 0
+    for fd in [*sorted(set(keep)), os.sysconf("SC_OPEN_MAX")]:
+        if low < fd:  # closerange(0, 0) closes every descriptor (close_range's last is then -1)
+            os.closerange(low, fd)
+        low = fd + 1
+
+
+def drop_signal_handlers() -> None:
+    """Every Python signal handler this process inherited back to the default (a signal ignored
+    stays ignored)."""
+    for number in signal.valid_signals():
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+
+
 def unshare(flags: int) -> None:
     _checked(libc().unshare(flags), "unshare")
 

@@ -52,7 +52,7 @@ from course_checks import verdict
 from course_checks.probes import COUNTED
 
 from .. import reference
-from ..sandboxing.linux import die_with_parent
+from ..sandboxing.linux import die_with_parent, drop_signal_handlers, keep_only_descriptors
 
 OPS = ("call", "forward", "construct", "method", "getattr", "setattr")
 _DUNDERS = ("__len__", "__getitem__", "__setitem__", "__contains__", "__call__")
@@ -652,15 +652,8 @@ def _serve(channel: socket.socket) -> None:
     process's queues, a fork server's socket and pipes), and none of its Python signal handlers
     (a signal ignored stays ignored: Ctrl-C is the grade command's)."""
     die_with_parent()
-    for number in signal.valid_signals():
-        handler = signal.getsignal(number)
-        if callable(handler) and handler is not signal.default_int_handler:
-            signal.signal(number, signal.SIG_DFL)
-    low = 3
-    for fd in sorted({channel.fileno(), os.sysconf("SC_OPEN_MAX")}):
-        if low < fd:  # closerange(3, 3) would close nothing, but keep to the rule: never low >= fd
-            os.closerange(low, fd)
-        low = fd + 1
+    drop_signal_handlers()
+    keep_only_descriptors({0, 1, 2, channel.fileno()})
     while True:
         while True:  # the referees that ended
             try:
