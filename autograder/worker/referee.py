@@ -122,11 +122,7 @@ def module_state(module: nn.Module) -> tuple | None:
 
     internals = verdict._module_internals()
     state = []
-    try:
-        subs = list(module.modules())
-    except Exception:
-        return None
-    for sub in subs:
+    for sub in module.modules():
         parts = [id(sub), type(sub)]
         for name, value in vars(sub).items():
             if name in ("_parameters", "_buffers"):
@@ -192,9 +188,7 @@ class ReferenceCodec(verdict.Codec):
         kept = self.session.built
         for built in reversed(kept):
             if id(built.module) not in self.given and built.fits(cls, data, depth):
-                budget[0] -= built.items
-                if budget[0] < 0:
-                    raise verdict.ProtocolError(f"output made of more than {verdict.MAX_ITEMS} objects")
+                verdict._spend(budget, built.items)
                 self.given.add(id(built.module))
                 return built.module
         before, hooked = budget[0], len(self.hooked)
