@@ -162,6 +162,7 @@ class DaskCluster:
         self.client = None
         self.futures: list = []
         self.digest = code_digest()
+        self.workers = 0  # the cluster's threads, once connected: how many notebooks grade at once
 
     def connect(self) -> str | None:
         """None when the cluster is ready to grade, else what is wrong (in words)."""
@@ -194,6 +195,8 @@ class DaskCluster:
                 "       Fix or stop those workers"
                 + ("." if not self.sandboxed else ", or pass --unsandboxed if it is the sandbox.")
             )
+        workers = self.client.scheduler_info(n_workers=-1)["workers"]
+        self.workers = sum(w.get("nthreads", 0) for w in workers.values())
         return None
 
     def describe(self, jobs: int) -> str:

@@ -236,8 +236,8 @@ def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
 
     graded = Graded()
     writer = Writer(course.coursedir, course.config, course.db_url, ledger)
-    # The report's plotting library is imported while the last notebooks grade: once a local
-    # worker has nothing left to do (its memory is free by then); on a cluster, at once.
+    # The report's plotting library is imported while the last notebooks grade: once a worker
+    # (here or on a cluster) has nothing left to do, so that its kernel's memory is free by then.
     workers = getattr(runner, "workers", 0)
 
     def commit(result: Result) -> None:
@@ -293,7 +293,8 @@ _warming: list = []
 
 
 def _warm_matplotlib() -> None:
-    """The report needs pyplot; importing it while the workers grade keeps it out of the tail."""
+    """The report draws with matplotlib's Figure on the Agg canvas (``report.draw``, here or in a
+    pool process); importing them while the last workers grade keeps that out of the tail."""
 
     if _warming:
         return
@@ -301,10 +302,8 @@ def _warm_matplotlib() -> None:
 
     def load():
         try:
-            import matplotlib  # here: the grade command starts without it
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot  # noqa: F401
+            import matplotlib.backends.backend_agg  # noqa: F401  (here: the grade command starts without it)
+            import matplotlib.figure  # noqa: F401  (here: the grade command starts without it)
         except Exception:
             pass
 
