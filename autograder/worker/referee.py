@@ -31,6 +31,7 @@ answers on stdout, one JSON line each, until stdin closes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -170,12 +171,12 @@ class ReferenceCodec(verdict.Codec):
     functions; an object of an answer class that is neither a module nor a dataclass stays here
     (in ``session``) and crosses as a handle. ``used`` collects the names met on the way."""
 
-    def __init__(self, ref, answers, session: Session | None = None):
+    def __init__(self, ref, answers, session: Session | None = None, names: dict | None = None):
         super().__init__()
         self.ref = ref
         self.answers = frozenset(answers)
         self.session = session
-        self.refs = answer_names(ref, self.answers)
+        self.refs = answer_names(ref, self.answers) if names is None else names  # names: as loaded
         self.used: set[str] = set()
         self.given: set[int] = set()  # modules kept from earlier calls, already given in this one
 
@@ -299,12 +300,14 @@ class Oracle:
     """The referee process's state: the reference modules, and the objects held for each notebook."""
 
     def __init__(self):
-        self.refs: dict[str, tuple] = {}  # key -> (module, answer names, counted set-up functions)
+        # key -> (module, answer names, counted set-up functions, ``answer_names`` of the module)
+        self.refs: dict[str, tuple] = {}
         self.sessions: dict[str, Session] = {}
 
     def load(self, key: str, assignment: str, cells, answers, counted=()) -> None:
         if key not in self.refs:
-            self.refs[key] = (reference.from_cells(assignment, cells), frozenset(answers), frozenset(counted or ()))
+            ref, answers = reference.from_cells(assignment, cells), frozenset(answers)
+            self.refs[key] = (ref, answers, frozenset(counted or ()), answer_names(ref, answers))
 
     def forget(self, session: str) -> None:
         self.sessions.pop(session, None)
@@ -326,12 +329,12 @@ class Oracle:
 
     def _answer(self, key: str, session_id: str, line: bytes, counted: dict) -> dict:
         request = verdict.parse_line(line)
-        ref, answers, counted_calls = self.refs[key]
+        ref, answers, counted_calls, names = self.refs[key]
         op, target = request.get("op"), request.get("target")
         if op not in OPS or not (target in answers or (op == "call" and target in counted_calls)):
             raise verdict.ProtocolError("not a call the grader answers")
         session = self.sessions.setdefault(session_id, Session())
-        codec = ReferenceCodec(ref, answers, session)
+        codec = ReferenceCodec(ref, answers, session, names)
         value = getattr(ref, target)
         budget = [verdict.MAX_ITEMS]
         this = verdict.decode(request["self"], 0, budget, codec) if "self" in request else None
@@ -399,10 +402,16 @@ def _first_shape(function, args: list, kwargs: dict) -> str:
     """The shape of ``function``'s first parameter in this call, as ``"1x8x3x2"`` (passed by position or
     by name); ``"-"`` when it is no tensor or the call does not fit the signature."""
     try:
-        first = next(iter(inspect.signature(function).bind(*args, **kwargs).arguments.values()), None)
+        first = next(iter(_signature(function).bind(*args, **kwargs).arguments.values()), None)
     except (TypeError, ValueError):
         first = None
     return "x".join(map(str, first.shape))[:100] if isinstance(first, torch.Tensor) else "-"
+
+
+@functools.lru_cache(maxsize=256)
+def _signature(function) -> inspect.Signature:
+    """A reference function's signature, read once (09's ``merge_partials`` is called 600 times a notebook)."""
+    return inspect.signature(function)
 
 
 def _embeddings(*values) -> list:
