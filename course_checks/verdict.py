@@ -46,6 +46,10 @@ _MAX_DEPTH = 16
 # as one string each, so honest outputs have a few dozen; one output made of millions
 # of small objects would cost the judge seconds and gigabytes to parse and decode.
 MAX_ITEMS = 10_000
+# A module's weights a kernel has sent once in a cell, kept by the referee and named again by key
+# (``Codec.weight``): 08's generation sends the same model with every token it makes.
+KEPT_WEIGHTS = 256
+KEPT_WEIGHT_BYTES = 8 * 1024 * 1024
 TENSOR_DTYPES = (
     "float16",
     "bfloat16",
@@ -365,13 +369,17 @@ class Codec:
             "training": bool(module.training),
             "hooked": hooked,
             "params": [
-                [name, None if p is None else encode(p, depth + 1, budget), bool(p is not None and p.requires_grad)]
+                [
+                    name,
+                    None if p is None else self.weight(p, depth + 1, budget),
+                    bool(p is not None and p.requires_grad),
+                ]
                 for name, p in module._parameters.items()
             ],
             "buffers": [
                 [
                     name,
-                    None if b is None else encode(b, depth + 1, budget),
+                    None if b is None else self.weight(b, depth + 1, budget),
                     name not in module._non_persistent_buffers_set,
                 ]
                 for name, b in module._buffers.items()
@@ -387,7 +395,17 @@ class Codec:
             ],
         }
 
+    def weight(self, tensor, depth: int, budget: list) -> dict:
+        """A module's parameter or buffer on the wire; a side that keeps track of what it sent may
+        name one the other side kept (``{"tensor", "shape", "kept": key}``) or ask it to keep one
+        (``"keep": key`` beside the data)."""
+        return encode(tensor, depth, budget)
+
     # ------------------------------------------------------------ in
+    def weight_value(self, data, depth: int, budget: list):
+        """The tensor ``weight`` described; here only one sent in full (a ``kept`` key names nothing)."""
+        return decode(data, depth, budget)
+
     def build(self, data: dict, depth: int, budget: list):
         if "remote" in data:
             return self.remote_object(data)
@@ -444,7 +462,7 @@ class Codec:
             if not (isinstance(entry, list) and len(entry) == 3 and _name_ok(entry[0])):
                 raise ProtocolError("malformed parameter")
             name, tensor, grad = entry
-            value = None if tensor is None else decode(tensor, depth + 1, budget)
+            value = None if tensor is None else self.weight_value(tensor, depth + 1, budget)
             if value is not None and not isinstance(value, torch.Tensor):
                 raise ProtocolError("malformed parameter")
             grad = bool(grad) and value is not None and (value.is_floating_point() or value.is_complex())
@@ -453,7 +471,7 @@ class Codec:
             if not (isinstance(entry, list) and len(entry) == 3 and _name_ok(entry[0])):
                 raise ProtocolError("malformed buffer")
             name, tensor, persistent = entry
-            value = None if tensor is None else decode(tensor, depth + 1, budget)
+            value = None if tensor is None else self.weight_value(tensor, depth + 1, budget)
             if value is not None and not isinstance(value, torch.Tensor):
                 raise ProtocolError("malformed buffer")
             module._buffers[name] = value

@@ -456,6 +456,78 @@ def test_forward_hooks_see_the_calls_made_outside(kernel):
     assert seen == [(torch.Size([2, 3]), torch.Size([2, 3]))]
 
 
+def _recorded(ref: proxies.Given) -> list[dict]:
+    """The messages ``ref``'s substitutes send the grader, as sent."""
+    sent, ask = [], ref._grader
+
+    def recording(message: dict) -> dict:
+        sent.append(message)
+        return ask(message)
+
+    ref._grader = recording
+    return sent
+
+
+def _weight_of(message: dict) -> dict:
+    """The wire form of the first parameter of the module a ``forward`` message describes."""
+    module = message["self"]
+    while not module["params"]:
+        module = module["children"][0][1]
+    return module["params"][0][1]
+
+
+def test_a_modules_weights_cross_once_while_they_stay_as_they_were(kernel):
+    """08's generation sends the same model with every token: the referee keeps its weights after
+    the first call, and later calls name them by key, for as long as they are what was sent. A change
+    by any route (in place through ``.data``, which no version counter sees, ``copy_``, a new
+    parameter) sends them in full again, and the answer is the reference's on the new weights."""
+    ref = given(kernel)
+    sent = _recorded(ref)
+    torch.manual_seed(0)
+    tiny = ref.Tiny(3)
+    x = torch.ones(1, 3)
+
+    def expected():
+        return 2 * x @ tiny.proj.weight.detach().T
+
+    for _ in range(3):
+        assert torch.allclose(tiny(x), expected())
+    forwards = [m for m in sent if m["op"] == "forward"]
+    first, *later = [_weight_of(m) for m in forwards]
+    assert "data" in first and "keep" in first
+    assert all("data" not in w and w["kept"] == first["keep"] for w in later)
+
+    with torch.no_grad():
+        tiny.proj.weight.data.mul_(3)  # in place, unversioned
+    assert torch.allclose(tiny(x), expected())
+    with torch.no_grad():
+        tiny.proj.weight.copy_(torch.eye(3))
+    assert torch.allclose(tiny(x), expected())
+    tiny.proj.weight = nn.Parameter(torch.full((3, 3), 0.5))
+    assert torch.allclose(tiny(x), expected())
+    changed = [_weight_of(m) for m in sent if m["op"] == "forward"][3:]
+    assert len(changed) == 3 and all("data" in w for w in changed)
+    assert len({w["keep"] for w in changed} | {first["keep"]}) == 4  # a key always names the same values
+    assert torch.allclose(tiny(x), expected()) and "kept" in _weight_of(sent[-1])
+
+
+def test_a_weight_the_referee_does_not_keep_is_sent_again_in_full(kernel):
+    """The referee keeps a cell's weights for that cell (and a new referee keeps none): a call naming
+    a weight it does not keep is answered after the kernel sends it again, in full."""
+    ref = given(kernel)
+    torch.manual_seed(0)
+    tiny = ref.Tiny(3)
+    x = torch.ones(1, 3)
+    tiny(x)
+    tiny(x)
+    sent = _recorded(ref)
+    for each in ref._sent.values():
+        each.key = "not-kept." + each.key  # as if the grader had never kept them
+    assert torch.allclose(tiny(x), 2 * x @ tiny.proj.weight.detach().T)
+    (named, again) = [_weight_of(m) for m in sent]
+    assert named["kept"].startswith("not-kept.") and "data" in again
+
+
 def test_cases_come_in_with_the_kernel_sides_classes_only():
     import pickle
 

@@ -152,3 +152,53 @@ def test_a_session_keeps_a_few_modules_only(ref):
         torch.manual_seed(seed)
         received(ref, session, described(ref, ref.Net()))
     assert len(session.built) == referee.KEPT_MODULES
+
+
+# ---------------------------------------------------------------- weights kept by key
+
+
+def test_a_weight_kept_under_a_key_is_given_as_it_was_sent_and_never_replaced():
+    session = referee.Session()
+    weight = torch.arange(6.0).reshape(2, 3)
+    assert session.keep("k.1", weight)
+    weight.mul_(10)  # the referee kept a copy of the values it was sent
+    assert not session.keep("k.1", torch.zeros(2, 3))  # a key always names the same values
+    named = session.kept({"tensor": "float32", "shape": [2, 3], "kept": "k.1"})
+    assert torch.equal(named, torch.arange(6.0).reshape(2, 3))
+    named.add_(1)  # a copy each time: what the reference does with one changes nothing kept
+    assert torch.equal(
+        session.kept({"tensor": "float32", "shape": [2, 3], "kept": "k.1"}), torch.arange(6.0).reshape(2, 3)
+    )
+    for wrong in ({"tensor": "float64", "shape": [2, 3]}, {"tensor": "float32", "shape": [3, 2]}):
+        with pytest.raises(verdict.ProtocolError):
+            session.kept({**wrong, "kept": "k.1"})
+    with pytest.raises(referee.Resend):
+        session.kept({"tensor": "float32", "shape": [2, 3], "kept": "k.2"})
+    with pytest.raises(referee.Resend):
+        referee.Session().kept({"tensor": "float32", "shape": [2, 3], "kept": "k.1"})  # another cell's
+
+
+def test_the_weights_a_session_keeps_are_bounded():
+    session = referee.Session()
+    assert not session.keep("x" * 65, torch.zeros(1)) and not session.keep(7, torch.zeros(1))
+    big = torch.zeros(verdict.KEPT_WEIGHT_BYTES // 4)
+    assert session.keep("big", big) and not session.keep("one more", torch.zeros(1))
+    session = referee.Session()
+    assert all(session.keep(f"k.{n}", torch.zeros(1)) for n in range(verdict.KEPT_WEIGHTS))
+    assert not session.keep("k.last", torch.zeros(1))
+
+
+def test_a_call_naming_a_weight_the_referee_does_not_keep_is_answered_resend(ref):
+    oracle = referee.Oracle()
+    oracle.refs["key"] = (ref, frozenset({"Net"}), frozenset(), referee.answer_names(ref, {"Net"}))
+    torch.manual_seed(0)
+    net = ref.Net()
+    description = described(ref, net)
+    weight = description["children"][0][1]["params"][0]
+    weight[1] = {"tensor": "float32", "shape": [2, 3], "kept": "never.1"}
+    line = verdict.dumps({"op": "forward", "target": "Net", "self": description, "args": encoded([torch.ones(1, 3)])})
+    assert oracle.answer("key", "session", line) == {"resend": True}
+
+
+def encoded(values):
+    return verdict.encode(values, 0, [verdict.MAX_ITEMS])

@@ -81,13 +81,43 @@ def answer_names(ref, answers) -> dict:
 
 
 class Session:
-    """The objects the reference made for one notebook's kernel, by handle, and the modules it
-    built from the kernel's descriptions (``Built``), newest last."""
+    """The objects the reference made for one notebook's kernel, by handle, the modules it
+    built from the kernel's descriptions (``Built``), newest last, and the weights the kernel
+    asked it to keep (``keep``), by the kernel's key."""
 
     def __init__(self):
         self.objects: dict[int, object] = {}
         self.next = 1
         self.built: list[Built] = []
+        self.weights: dict[str, torch.Tensor] = {}
+        self.weight_bytes = 0
+
+    def keep(self, key, tensor: torch.Tensor) -> bool:
+        """Keep a copy of ``tensor`` under the kernel's ``key``: False when the key is not a short
+        string, is taken (a key always names the same values), or the session holds its fill."""
+        size = tensor.numel() * tensor.element_size()
+        if not (isinstance(key, str) and 0 < len(key) <= 64) or key in self.weights:
+            return False
+        if len(self.weights) >= verdict.KEPT_WEIGHTS or self.weight_bytes + size > verdict.KEPT_WEIGHT_BYTES:
+            return False
+        self.weights[key] = tensor.detach().clone()
+        self.weight_bytes += size
+        return True
+
+    def kept(self, data: dict) -> torch.Tensor:
+        """A copy of the weight kept under ``data["kept"]``, which must have the dtype and shape the
+        kernel says; ``Resend`` when this session keeps nothing under that key."""
+        found = self.weights.get(data["kept"]) if isinstance(data.get("kept"), str) else None
+        if found is None:
+            raise Resend("no weight kept under this key")
+        if data.get("tensor") != str(found.dtype).removeprefix("torch.") or data.get("shape") != list(found.shape):
+            raise verdict.ProtocolError("malformed tensor")
+        return found.clone()
+
+
+class Resend(verdict.ProtocolError):
+    """A call named a weight this session does not keep (its cell ended, the referee is a new one):
+    the kernel sends the call again with every weight in full."""
 
 
 class _Unkept(Exception):
@@ -179,6 +209,7 @@ class ReferenceCodec(verdict.Codec):
         self.refs = answer_names(ref, self.answers) if names is None else names  # names: as loaded
         self.used: set[str] = set()
         self.given: set[int] = set()  # modules kept from earlier calls, already given in this one
+        self.kept: list[str] = []  # keys of the weights this call asked the session to keep, kept
 
     def _build_module(self, cls, data: dict, depth: int, budget: list):
         """The module the session's ``Built`` kept for this description, or a new one (kept when
@@ -203,6 +234,18 @@ class ReferenceCodec(verdict.Codec):
             del kept[:-KEPT_MODULES]
             self.given.add(id(module))
         return module
+
+    def weight_value(self, data, depth: int, budget: list):
+        if self.session is None:
+            return super().weight_value(data, depth, budget)
+        if isinstance(data, dict) and "kept" in data:
+            verdict._spend(budget)  # as decoding it in full would
+            return self.session.kept(data)
+        value = super().weight_value(data, depth, budget)
+        if isinstance(data, dict) and "keep" in data and isinstance(value, torch.Tensor):
+            if self.session.keep(data["keep"], value):
+                self.kept.append(data["keep"])
+        return value
 
     def classify(self, obj):
         found = self.refs.get(id(obj)) if isinstance(obj, (type, types.FunctionType)) else None
@@ -318,6 +361,8 @@ class Oracle:
         a call of a function, by the shape of its first argument)."""
         try:
             return self._answer(key, session_id, line, {} if counted is None else counted)
+        except Resend:
+            return {"resend": True}
         except verdict.ProtocolError as error:
             return {"error": {"type": "ValueError", "message": f"the grader could not read this call: {error}"}}
         except RecursionError:
@@ -393,6 +438,8 @@ class Oracle:
             for handle in handles:
                 handle.remove()
         reply["value"] = verdict.encode(result, 0, [verdict.MAX_ITEMS], codec)
+        if codec.kept:
+            reply["kept"] = codec.kept
         if calls:
             reply["calls"] = calls[:MAX_HOOK_CALLS]
         return reply
