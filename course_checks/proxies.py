@@ -111,6 +111,7 @@ class Given:
         self._made: dict = {}
         # the modules' weights sent in full, by id (``_Sent``), and the keys they were sent under
         self._sent: dict[int, _Sent] = {}
+        self._sent_bytes = 0  # what their copies hold (at most ``verdict.KEPT_WEIGHT_BYTES``, as the grader's)
         self._keys = (f"{os.urandom(6).hex()}.{n}" for n in itertools.count())
         self._setup_refs = {
             id(value): f"setup:{name}"
@@ -169,6 +170,7 @@ class Given:
                 if reply.get("resend") is not True:
                     break
                 self._sent.clear()  # the grader keeps none of them (a new cell): every weight in full again
+                self._sent_bytes = 0
             self._kept(reply.get("kept"))
             if "refused" in reply:
                 raise ProxyRefused(str(reply["refused"])[:2000])
@@ -197,10 +199,20 @@ class Given:
             verdict._spend(budget)  # as encoding it in full would
             return {"tensor": sent.dtype, "shape": list(sent.state[2]), "kept": sent.key}
         data = verdict.encode(tensor, depth, budget)
+        if "data" not in data:
+            return data
         size = tensor.numel() * tensor.element_size()
-        if "data" in data and len(self._sent) < verdict.KEPT_WEIGHTS and size <= verdict.KEPT_WEIGHT_BYTES:
+        if sent is not None:  # its values changed, or the grader did not keep them: this copy goes
+            del self._sent[id(tensor)]
+            self._sent_bytes -= sent.size
+        if len(self._sent) >= verdict.KEPT_WEIGHTS or self._sent_bytes + size > verdict.KEPT_WEIGHT_BYTES:
+            for key, gone in [(k, s) for k, s in self._sent.items() if s.tensor() is None]:
+                del self._sent[key]  # the weights of modules no longer alive
+                self._sent_bytes -= gone.size
+        if len(self._sent) < verdict.KEPT_WEIGHTS and self._sent_bytes + size <= verdict.KEPT_WEIGHT_BYTES:
             sent = _Sent(tensor, next(self._keys), data["tensor"])
             self._sent[id(tensor)] = sent
+            self._sent_bytes += sent.size
             data["keep"] = sent.key
         return data
 
@@ -224,6 +236,7 @@ class _Sent:
         self.key, self.dtype, self.confirmed = key, dtype, False
         self.state = (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
         self.copy = tensor.detach().clone()
+        self.size = tensor.numel() * tensor.element_size()
 
     def same(self, tensor) -> bool:
         return (

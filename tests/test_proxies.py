@@ -528,6 +528,28 @@ def test_a_weight_the_referee_does_not_keep_is_sent_again_in_full(kernel):
     assert named["kept"].startswith("not-kept.") and "data" in again
 
 
+def test_the_weights_a_kernel_keeps_copies_of_are_bounded(kernel, monkeypatch):
+    """The kernel keeps a copy of each weight it asked the grader to keep (to see a change made
+    without a version): at most ``KEPT_WEIGHT_BYTES`` of them, as the grader, the copies of modules
+    no longer alive let go first; past that, weights go in full, and every answer is the same."""
+    monkeypatch.setattr(verdict, "KEPT_WEIGHT_BYTES", 100)  # a Tiny(3)'s weight: 36 bytes
+    ref = given(kernel)
+    sent = _recorded(ref)
+    x = torch.ones(1, 3)
+    alive = [ref.Tiny(3) for _ in range(4)]
+    for tiny in alive:
+        assert torch.allclose(tiny(x), 2 * x @ tiny.proj.weight.detach().T)
+    asked = [_weight_of(m) for m in sent if m["op"] == "forward"]
+    assert ["keep" in w for w in asked] == [True, True, False, False] and ref._sent_bytes == 72
+    del alive[:2], tiny
+    import gc
+
+    gc.collect()
+    late = ref.Tiny(3)
+    assert torch.allclose(late(x), 2 * x @ late.proj.weight.detach().T)
+    assert "keep" in _weight_of(sent[-1]) and ref._sent_bytes == 36 and len(ref._sent) == 1
+
+
 def test_cases_come_in_with_the_kernel_sides_classes_only():
     import pickle
 
