@@ -197,7 +197,7 @@ class Given:
         sent = self._sent.get(id(tensor))
         if sent is not None and sent.confirmed and sent.same(tensor):
             verdict._spend(budget)  # as encoding it in full would
-            return {"tensor": sent.dtype, "shape": list(sent.state[2]), "kept": sent.key}
+            return {"tensor": sent.dtype, "shape": sent.shape, "kept": sent.key}
         data = verdict.encode(tensor, depth, budget)
         if "data" not in data:
             return data
@@ -210,9 +210,9 @@ class Given:
                 del self._sent[key]  # the weights of modules no longer alive
                 self._sent_bytes -= gone.size
         if len(self._sent) < verdict.KEPT_WEIGHTS and self._sent_bytes + size <= verdict.KEPT_WEIGHT_BYTES:
-            sent = _Sent(tensor, next(self._keys), data["tensor"])
+            sent = _Sent(tensor, next(self._keys), data["tensor"], size)
             self._sent[id(tensor)] = sent
-            self._sent_bytes += sent.size
+            self._sent_bytes += size
             data["keep"] = sent.key
         return data
 
@@ -231,19 +231,21 @@ class _Sent:
     counter, storage, shape and stride, and a copy of its values (``.data`` changes a tensor
     without counting a version)."""
 
-    def __init__(self, tensor, key: str, dtype: str):
+    def __init__(self, tensor, key: str, dtype: str, size: int):
         self.tensor = weakref.ref(tensor)
-        self.key, self.dtype, self.confirmed = key, dtype, False
-        self.state = (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
+        self.key, self.dtype, self.size, self.confirmed = key, dtype, size, False
+        self.shape = list(tensor.shape)
+        self.state = _tensor_state(tensor)
         self.copy = tensor.detach().clone()
-        self.size = tensor.numel() * tensor.element_size()
 
     def same(self, tensor) -> bool:
         return (
-            self.tensor() is tensor
-            and (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype) == self.state
-            and torch.equal(tensor.detach(), self.copy)
+            self.tensor() is tensor and _tensor_state(tensor) == self.state and torch.equal(tensor.detach(), self.copy)
         )
+
+
+def _tensor_state(tensor) -> tuple:
+    return (tensor._version, tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype)
 
 
 ProtocolError = verdict.ProtocolError

@@ -10,6 +10,7 @@ objects the referee holds, a dataclass.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 import types
@@ -542,8 +543,6 @@ def test_the_weights_a_kernel_keeps_copies_of_are_bounded(kernel, monkeypatch):
     asked = [_weight_of(m) for m in sent if m["op"] == "forward"]
     assert ["keep" in w for w in asked] == [True, True, False, False] and ref._sent_bytes == 72
     del alive[:2], tiny
-    import gc
-
     gc.collect()
     late = ref.Tiny(3)
     assert torch.allclose(late(x), 2 * x @ late.proj.weight.detach().T)

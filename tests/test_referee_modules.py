@@ -190,15 +190,12 @@ def test_the_weights_a_session_keeps_are_bounded():
 
 def test_a_call_naming_a_weight_the_referee_does_not_keep_is_answered_resend(ref):
     oracle = referee.Oracle()
-    oracle.refs["key"] = (ref, frozenset({"Net"}), frozenset(), referee.answer_names(ref, {"Net"}))
+    oracle.load("key", "99_net", [("Net", REFERENCE)], {"Net"})
     torch.manual_seed(0)
     net = ref.Net()
     description = described(ref, net)
     weight = description["children"][0][1]["params"][0]
     weight[1] = {"tensor": "float32", "shape": [2, 3], "kept": "never.1"}
-    line = verdict.dumps({"op": "forward", "target": "Net", "self": description, "args": encoded([torch.ones(1, 3)])})
+    args = verdict.encode([torch.ones(1, 3)], 0, [verdict.MAX_ITEMS])
+    line = verdict.dumps({"op": "forward", "target": "Net", "self": description, "args": args})
     assert oracle.answer("key", "session", line) == {"resend": True}
-
-
-def encoded(values):
-    return verdict.encode(values, 0, [verdict.MAX_ITEMS])

@@ -630,7 +630,9 @@ def compile_grader(checkout: Path = REPOSITORY) -> None:
     compile the grader from source, about 0.2 s of a class of 30 on 2 workers."""
     import compileall
 
-    for name in ("autograder", "course_checks", "course_widgets"):
+    from autograder.engine.identity import PACKAGES  # the grading code's packages
+
+    for name in PACKAGES:
         if (checkout / name).is_dir():
             compileall.compile_dir(checkout / name, quiet=1)
 
