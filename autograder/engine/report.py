@@ -54,43 +54,62 @@ def exercise_name(cell: str) -> str:
 
 
 def gradebook_rows(course, summaries: dict) -> list[Row]:
-    from nbgrader.api import Gradebook  # here: the report's own, imported as the run ends
+    """Every grade in the gradebook, and each late penalty after its notebook's grades: by assignment,
+    student, notebook, grade cell. Two queries of the columns the rows need, whatever the class's
+    size (walking nbgrader's objects loads each notebook's and grade's computed scores one by one)."""
+    from nbgrader.api import (  # here: the report's own, imported as the run ends
+        Assignment,
+        BaseCell,
+        Grade,
+        Gradebook,
+        Notebook,
+        SubmittedAssignment,
+        SubmittedNotebook,
+    )
 
-    rows = []
+    def submitted(query):
+        return (
+            query.join(Notebook, SubmittedNotebook.notebook_id == Notebook.id)
+            .join(SubmittedAssignment, SubmittedNotebook.assignment_id == SubmittedAssignment.id)
+            .join(Assignment, SubmittedAssignment.assignment_id == Assignment.id)
+        )
+
+    names = (Assignment.name, SubmittedAssignment.student_id, Notebook.name)
+    penalty = SubmittedNotebook.late_submission_penalty
     with Gradebook(course.db_url) as gradebook:
-        for assignment in sorted(gradebook.assignments, key=lambda a: a.name):
-            for submission in sorted(assignment.submissions, key=lambda s: s.student.id):
-                for notebook in sorted(submission.notebooks, key=lambda n: n.name):
-                    summary = summaries.get((submission.student.id, assignment.name, notebook.name), {})
-                    mistakes = {c["cell"]: c.get("mistake") for c in summary.get("checks", []) if not c.get("passed")}
-                    for grade in sorted(notebook.grades, key=lambda g: g.name):
-                        rows.append(
-                            Row(
-                                submission.student.id,
-                                assignment.name,
-                                notebook.name,
-                                exercise_name(grade.name),
-                                grade.name,
-                                float(grade.score or 0.0),
-                                float(grade.max_score),
-                                list(summary.get("flags", [])),
-                                mistakes.get(grade.name),
-                            )
-                        )
-                    if notebook.late_submission_penalty:  # nbgrader's, kept within the notebook's score
-                        rows.append(
-                            Row(
-                                submission.student.id,
-                                assignment.name,
-                                notebook.name,
-                                LATE_PENALTY,
-                                "",
-                                -float(notebook.late_submission_penalty),
-                                0.0,
-                                list(summary.get("flags", [])),
-                                None,
-                            )
-                        )
+        grades = submitted(
+            gradebook.db.query(*names, BaseCell.name, Grade.score, Grade.max_score)
+            .select_from(Grade)
+            .join(BaseCell, Grade.cell_id == BaseCell.id)
+            .join(SubmittedNotebook, Grade.notebook_id == SubmittedNotebook.id)
+        ).all()
+        penalties = submitted(gradebook.db.query(*names, penalty).filter(penalty.isnot(None), penalty != 0)).all()
+    # sorted as the rows are listed: a notebook's grades by cell name, then its penalty
+    listed = [((a, s, n, 0, cell), (cell, score, top)) for a, s, n, cell, score, top in grades]
+    listed += [((a, s, n, 1, ""), ("", -penalty, None)) for a, s, n, penalty in penalties]
+    rows, mistakes = [], {}
+    for (assignment, student, notebook, late, _), (cell, score, top) in sorted(listed, key=lambda item: item[0]):
+        summary = summaries.get((student, assignment, notebook), {})
+        flags = list(summary.get("flags", []))
+        if late:  # nbgrader's, kept within the notebook's score
+            rows.append(Row(student, assignment, notebook, LATE_PENALTY, "", float(score), 0.0, flags, None))
+            continue
+        key = (student, assignment, notebook)
+        if key not in mistakes:
+            mistakes[key] = {c["cell"]: c.get("mistake") for c in summary.get("checks", []) if not c.get("passed")}
+        rows.append(
+            Row(
+                student,
+                assignment,
+                notebook,
+                exercise_name(cell),
+                cell,
+                float(score or 0.0),
+                float(top),
+                flags,
+                mistakes[key].get(cell),
+            )
+        )
     return rows
 
 
