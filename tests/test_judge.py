@@ -104,6 +104,6 @@ def test_the_local_pool_judges_on_one_torch_thread():
     try:
         pool.start(1)
         pool._launched()
-        assert pool.executor.submit(_torch_threads).result(timeout=120) == 1
+        assert pool.lanes[0].executor.submit(_torch_threads).result(timeout=120) == 1
     finally:
         pool.join()

@@ -112,7 +112,7 @@ def test_the_pools_map_shares_the_items_between_its_processes_and_this_one():
     try:
         pool.start(1)
         pool._launched()
-        pool_pid = pool.executor.submit(_pid, None).result(timeout=120)
+        pool_pid = pool.lanes[0].executor.submit(_pid, None).result(timeout=120)
         results = pool.map(_slowly, list(range(20)))
     finally:
         pool.join()
