@@ -109,15 +109,21 @@ def _grade(job) -> SimpleNamespace:
 _seen: list[str] = []
 
 
+def _warm() -> None:
+    _seen.append("idle")
+
+
 class ShownPool(LocalPool):
     grade = staticmethod(_grade)
 
 
-def run_pool(jobs, workers=2):
+def run_pool(jobs, workers=2, when_idle=None):
     pool = ShownPool(REPOSITORY, Limits(), sandboxed=False, workers=workers)
     results: list = []
     try:
         pool.start(len(jobs))
+        if when_idle:
+            pool.idle(when_idle)
         problems = pool.run(jobs, results.append)
         after = [lane.executor.submit(_seen_now).result(timeout=60) for lane in pool.lanes]
     finally:
@@ -132,7 +138,7 @@ def _seen_now() -> list[str]:
 def test_a_pool_grades_each_assignment_in_the_process_that_began_it(tmp_path):
     spec_a, spec_b = SimpleNamespace(released=released(9000)), SimpleNamespace(released=released(1000))
     jobs = [job(f"s{n}", a, s, die="", always=False) for n in range(3) for a, s in (("a", spec_a), ("b", spec_b))]
-    results, problems, _ = run_pool(jobs)
+    results, problems, after = run_pool(jobs, when_idle=_warm)
     assert not problems
     assert sorted(r.name for r in results) == sorted(f"{j.assignment}/{j.student}" for j in jobs)
     by_process: dict[int, set] = {}
@@ -147,6 +153,8 @@ def test_a_pool_grades_each_assignment_in_the_process_that_began_it(tmp_path):
         # what a process had graded when it took each notebook: its own assignment's first
         seen = [a for a in result.seen if a != "idle"]
         assert seen == sorted(seen, key=lambda a: a != seen[0]), result.seen
+    # ``idle``'s function ran in each process once it had nothing left to grade, and only then
+    assert [seen[-1] for seen in after] == ["idle", "idle"] and all(seen.count("idle") == 1 for seen in after)
 
 
 def test_a_process_that_dies_is_replaced_and_its_notebook_tried_again(tmp_path):

@@ -244,6 +244,9 @@ class DaskCluster:
         """Here: a chart is not worth a round trip to the cluster."""
         return [function(item) for item in items]
 
+    def idle(self, function) -> None:
+        """Nothing: ``map`` runs here."""
+
     def close(self) -> None:
         if self.client is not None:
             try:

@@ -149,6 +149,13 @@ class Chart:
     top: float = 0.0  # the assignment's maximum points
 
 
+def warm_charts() -> None:
+    """What ``draw`` uses, imported ahead: in this process, or in a worker that has nothing left to grade
+    (the grade command and the pool processes start without it)."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    import matplotlib.figure  # noqa: F401
+
+
 def draw(chart: Chart) -> str:
     """The chart as an inline PNG ``<img>``.
 
@@ -168,12 +175,12 @@ def draw(chart: Chart) -> str:
         right = figure.add_axes((start, 0.16, 0.97 - start, 0.72))
         top = chart.top
         left.hist(chart.values, bins=min(20, max(5, int(top) + 1)), range=(0, max(top, 1)), color="#4c72b0")
-        left.set_title("score distribution")
+        left.set_title("score distribution", y=1.0)
         left.set_xlabel("points")
         left.set_ylabel("students")
         right.barh(labels, list(chart.rates)[::-1], color="#55a868")
         right.set_xlim(0, 1)
-        right.set_title("pass rate per exercise")
+        right.set_title("pass rate per exercise", y=1.0)
         right.set_xlabel("share of submissions with full points")
     else:
         height = 0.35 * len(chart.values) + 1

@@ -56,6 +56,10 @@ class Runner(Protocol):
         """``function`` of each item, in order, computed where a processor is free (after ``run``:
         the class report's charts)."""
 
+    def idle(self, function: Callable) -> None:
+        """``function()`` in each worker, if it runs ``map``'s work, once it has nothing left to grade
+        during the next ``run`` (what ``map`` will need, imported early)."""
+
     def close(self) -> None:
         """Let the workers go without waiting for them."""
 
@@ -359,6 +363,8 @@ class LocalPool:
         self.retired: list[futures.ProcessPoolExecutor] = []
         self._launching: threading.Thread | None = None
         self._launch_error: BaseException | None = None
+        self._idle: list[Lane] = []  # during ``run``: the processes with nothing left to grade
+        self._when_idle: list[Callable] = []
 
     def describe(self, jobs: int) -> str:
         return f"{min(self.workers, max(1, jobs))} worker(s)"
@@ -418,6 +424,9 @@ class LocalPool:
         def feed(lane: Lane) -> None:
             job = dispatch.next_for(lane.warm)
             if job is None:
+                self._idle.append(lane)
+                for function in self._when_idle:
+                    lane.executor.submit(function)
                 return
             running[lane.executor.submit(self.grade, job)] = (lane, lane.executor, job)
 
@@ -451,7 +460,18 @@ class LocalPool:
                     on_result(result)
                     finished(job)
                 feed(lane)
+        self._idle, self._when_idle = [], []
         return problems
+
+    def idle(self, function: Callable) -> None:
+        """``function()`` in each pool process with nothing left to grade (during ``run``): now in
+        those already idle, and in the others as they run out. Nothing waits for it: a failure
+        costs only the head start."""
+        if function in self._when_idle:
+            return
+        self._when_idle.append(function)
+        for lane in self._idle:
+            lane.executor.submit(function)
 
     def map(self, function: Callable, items: list) -> list:
         """In the pool's processes (idle once the class is graded) and in this one at once: the pool

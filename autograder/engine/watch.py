@@ -350,7 +350,7 @@ def one_pass(args, course, limits, sandboxed, address, inbox, handback, state, e
         events += handback.hand_back(ledger)
         if graded:  # after the hand-back: a student waits for none of this
             csv_path, report_path = output_paths(args, course)
-            write_report(course, ledger, export_csv(course, ledger, csv_path), report_path)
+            write_report(course, ledger, export_csv(course, ledger, csv_path), report_path)  # drawn here
         released = sum("released" in event.what for event in events)
         return events, f"{len(filed)} collected, {len(graded)} graded, {released} released"
     finally:
@@ -383,7 +383,7 @@ def _grade(args, course, limits, sandboxed, address, ledger, state, filed, every
     runner = choose_runner(pass_args, course, limits, sandboxed, address)
     try:
         plan = plan_jobs(pass_args, course, collection, ledger.state(), limits, runner)
-        result = grade_and_commit(pass_args, course, ledger, runner, plan.jobs)
+        result = grade_and_commit(pass_args, course, ledger, runner, plan.jobs, runner_draws=False)
     finally:
         runner.close()
         runner.join()

@@ -45,6 +45,7 @@ from course_checks.files import write_atomically
 from ..compat import late_penalty
 from ..flags import REVIEW_FLAGS
 from ..records import Job, Result
+from .report import warm_charts
 from .runs import STARTED, trace
 
 
@@ -230,14 +231,16 @@ class Graded:
     interrupted: bool = False
 
 
-def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
-    """The runner grades; this process commits each result as it arrives (the one writer)."""
+def grade_and_commit(args, course, ledger, runner, jobs: list[Job], runner_draws: bool = True) -> Graded:
+    """The runner grades; this process commits each result as it arrives (the one writer).
+    ``runner_draws``: the report's charts will be drawn by the runner's ``map`` too."""
     from tqdm import tqdm  # here: the grade command starts without it
 
     graded = Graded()
     writer = Writer(course.coursedir, course.config, course.db_url, ledger)
-    # The report's plotting library is imported while the last notebooks grade: once a worker
-    # (here or on a cluster) has nothing left to do, so that its kernel's memory is free by then.
+    # The report's plotting library is imported while the last notebooks grade: here once a worker
+    # (here or on a cluster) has nothing left to do, so that its kernel's memory is free by then,
+    # and by each pool process that has nothing left to grade (the charts are drawn there too).
     workers = getattr(runner, "workers", 0)
 
     def commit(result: Result) -> None:
@@ -257,6 +260,8 @@ def grade_and_commit(args, course, ledger, runner, jobs: list[Job]) -> Graded:
         if jobs:
             if not workers or len(jobs) < workers:
                 _warm_matplotlib()
+            if runner_draws:
+                runner.idle(warm_charts)  # each worker too, once it has nothing left to grade
             progress = tqdm(total=len(jobs), unit="nb", disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
             try:
                 graded.problems = runner.run(jobs, commit, progress)
@@ -302,8 +307,7 @@ def _warm_matplotlib() -> None:
 
     def load():
         try:
-            import matplotlib.backends.backend_agg  # noqa: F401  (here: the grade command starts without it)
-            import matplotlib.figure  # noqa: F401  (here: the grade command starts without it)
+            warm_charts()
         except Exception:
             pass
 
