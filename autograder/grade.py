@@ -29,14 +29,16 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import shutil
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
 # The command line is parsed before the engine is imported (nbgrader, Dask: seconds of imports),
 # so that --help and a mistyped option answer at once.
-from .sandboxing.bubblewrap import Limits
+from .sandboxing.bubblewrap import SCRATCH_PREFIX, Limits, SandboxHost
 
 
 def default_workers() -> int:
@@ -167,6 +169,41 @@ def _main(argv) -> int:
     if argv[:1] == ["export"]:
         return export(argv[1:])
     args = parse_args(argv)
+    host = early_host(args)
+    try:
+        status = _run(args, host)
+    finally:
+        if host is not None and not host.adopted:  # refused before a pool took it over
+            host.close()
+            shutil.rmtree(host.base, ignore_errors=True)
+    return status
+
+
+def scheduler_address(args) -> str | None:
+    return None if args.local else (args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None)
+
+
+def early_host(args) -> SandboxHost | None:
+    """As root, grading on this machine in the sandbox: the sandbox host, which every local worker's
+    interpreter is forked from, launched first thing. It imports torch and the kernel's machinery
+    (about 2 s) on one core while this process imports nbgrader and reads the course on the other;
+    launched with the pool (``LocalPool.start``), it was the last thing the first notebook waited
+    for. None otherwise (a refused run closes it and removes its folder)."""
+    if args.unsandboxed or args.watch or scheduler_address(args) or os.geteuid() != 0:
+        return None
+    if not Path("nbgrader_config.py").is_file():  # not a course folder: refused below
+        return None
+    base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed
+    host = SandboxHost(Path.cwd(), base, Limits())  # of the limits, the host's sandbox uses only its own
+    try:
+        host.launch()
+    except OSError:  # no bubblewrap: the sandbox's probe says so below
+        shutil.rmtree(base, ignore_errors=True)
+        return None
+    return host
+
+
+def _run(args, host: SandboxHost | None) -> int:
     from .engine.collect import printable_lines
     from .engine.plan import (
         check_outputs,
@@ -175,7 +212,6 @@ def _main(argv) -> int:
         hold_course,
         read_course,
         require_sandbox,
-        scheduler_address,
     )
     from .records import Refused
 
@@ -198,7 +234,9 @@ def _main(argv) -> int:
             from .engine.watch import watch  # here: the grade command starts without it
 
             return watch(args, course, limits, sandboxed, address, say)
-        runner = choose_runner(args, course, limits, sandboxed, address)
+        runner = choose_runner(args, course, limits, sandboxed, address, host)
+        if host is not None:
+            host.adopted = True  # the pool closes it
     except Refused as refusal:
         print(f"grade: {refusal}", file=sys.stderr)
         return 2

@@ -433,6 +433,28 @@ def test_one_run_at_a_time_and_killed_runs_leave_no_scratch(course, reference_by
     assert [path.name for path in temporary.iterdir()] == [f"autograder-slots-{os.getuid()}"]
 
 
+def test_a_refused_run_leaves_no_sandbox_host_and_no_scratch(course, tmp_path):
+    """As root, the command launches its sandbox host first thing, before it reads the course: a run
+    refused after that (here: its report cannot be written) stops the host and removes its folder."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "TMPDIR": str(temporary)}
+    (course.root / "coursework" / "submitted").mkdir(parents=True, exist_ok=True)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    refused = run(course, "--report", str(blocker / "report.html"), env=env)
+    assert refused.returncode == 2 and "cannot write where this run must write" in refused.stderr, output(refused)
+    assert not list(temporary.glob("ag-run-*"))
+    left = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if str(temporary).encode() in (entry / "cmdline").read_bytes():
+                left.append(entry.name)
+        except OSError:
+            continue
+    assert not left, f"processes of the refused run still running: {left}"
+
+
 def test_killed_while_filing_then_rerun_gives_the_clean_grades(course, reference_bytes, tmp_path):
     """``kill -9`` while the zip's notebooks are filed: never a partial file under its final name;
     the next run files and grades everything as one clean run would."""

@@ -7,7 +7,6 @@ next needs or raises ``Refused`` with the reason, before the run has written any
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,10 +106,6 @@ def hold_course(args, course: CourseFolder, say):
     return lock, scratch
 
 
-def scheduler_address(args) -> str | None:
-    return None if args.local else (args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None)
-
-
 def require_sandbox(course: CourseFolder, sandboxed: bool, address: str | None, say) -> None:
     """Refuse to run student code unsandboxed unless told (on a cluster each worker is checked)."""
     if sandboxed and not address:
@@ -135,10 +130,11 @@ def grading_limits(args, course: CourseFolder) -> Limits:
     return Limits(cell_seconds=cell_seconds, notebook_seconds=args.notebook_timeout, memory_mb=args.memory_mb)
 
 
-def choose_runner(args, course: CourseFolder, limits: Limits, sandboxed: bool, address: str | None):
-    """This machine's pool, or a Dask cluster, connected and checked before anything is written."""
+def choose_runner(args, course: CourseFolder, limits: Limits, sandboxed: bool, address: str | None, host=None):
+    """This machine's pool (``host``: its sandbox host, if the command launched it already), or a
+    Dask cluster, connected and checked before anything is written."""
     if not address:
-        return LocalPool(course.root, limits, sandboxed, args.workers)
+        return LocalPool(course.root, limits, sandboxed, args.workers, host=host)
     from .distributed import DaskCluster  # Dask, imported only for a cluster
 
     cluster = DaskCluster(address, sandboxed)

@@ -349,16 +349,22 @@ class LocalPool:
 
     grade = staticmethod(_grade_in_pool)  # what a pool process does with a job
 
-    def __init__(self, course_root: Path, limits: Limits, sandboxed: bool, workers: int):
+    def __init__(
+        self, course_root: Path, limits: Limits, sandboxed: bool, workers: int, host: SandboxHost | None = None
+    ):
         self.course_root, self.limits, self.sandboxed, self.workers = course_root, limits, sandboxed, workers
         # Forked from a server that imported what grading needs once: torch's and the executor's
         # memory is shared by every pool process instead of copied into each.
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(POOL_PRELOAD)
 
-        self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept by a later run if killed
-        # As root, one warm interpreter forks every worker's (they share its memory, nothing else).
-        self.host = SandboxHost(course_root, self.base, limits) if sandboxed and os.geteuid() == 0 else None
+        # As root, one warm interpreter forks every worker's (they share its memory, nothing else):
+        # ``host``, if the command launched it first thing (``grade.early_host``), with its folder.
+        if host is not None:
+            self.base, self.host = host.base, host
+        else:
+            self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept if killed
+            self.host = SandboxHost(course_root, self.base, limits) if sandboxed and os.geteuid() == 0 else None
         self.lanes: list[Lane] = []
         self.retired: list[futures.ProcessPoolExecutor] = []
         self._launching: threading.Thread | None = None

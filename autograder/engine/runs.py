@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCRATCH_PREFIX = "ag-run-"
+from ..sandboxing.bubblewrap import SCRATCH_PREFIX  # noqa: F401  (a run's scratch folder: $TMPDIR/<prefix><pid>-*)
 
 
 class Busy(Exception):

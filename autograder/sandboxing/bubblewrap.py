@@ -684,6 +684,9 @@ def _running(pid: int) -> bool:
         return False
 
 
+SCRATCH_PREFIX = "ag-run-"  # a grade command's scratch folder, $TMPDIR/<prefix><pid>-*: its sandboxes' too
+
+
 class SandboxHost:
     """One warm interpreter for every local worker of a run, as root (``zygote.host``).
 
@@ -698,6 +701,7 @@ class SandboxHost:
         self.course_root, self.base, self.limits = Path(course_root).resolve(), Path(base), limits
         self.socket = self.base / "host.sock"
         self.process: subprocess.Popen | None = None
+        self.adopted = False  # launched by the grade command, then handed to its pool
 
     def launch(self) -> None:
         config = {"socket": f"{HOST_BASE}/host.sock", "preload": PRELOAD, "env": interpreter_environment()}
