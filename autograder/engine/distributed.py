@@ -36,6 +36,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -46,7 +47,7 @@ from ..records import Job, Result
 from ..sandboxing.bubblewrap import probe
 from ..worker.read import WORKERS_DIED, failed_result
 from .identity import code_digest
-from .runners import Station, grade_at
+from .runners import Dispatch, Station, grade_at
 from .runs import sweep_orphans
 
 CONNECT_SECONDS = float(os.environ.get("AUTOGRADER_CONNECT_SECONDS", "10"))
@@ -163,6 +164,7 @@ class DaskCluster:
         self.futures: list = []
         self.digest = code_digest()
         self.workers = 0  # the cluster's threads, once connected: how many notebooks grade at once
+        self._threads = (float("-inf"), 0)  # when the scheduler was last asked, and its threads then
 
     def connect(self) -> str | None:
         """None when the cluster is ready to grade, else what is wrong (in words)."""
@@ -208,19 +210,40 @@ class DaskCluster:
         """Nothing to start: the workers are already up."""
 
     def run(self, jobs: list[Job], on_result, progress=None) -> list[str]:
-        """Grade ``jobs`` on the cluster; ``on_result(result)`` here as each finishes; problems in words."""
+        """Grade ``jobs`` on the cluster; ``on_result(result)`` here as each finishes; problems in words.
+
+        As many notebooks are out as the cluster has threads. As each comes back, the next is the one
+        ``runners.Dispatch`` picks for the worker that graded it, which has a thread free now (and
+        the scheduler gives a task to a free thread): one of an assignment it has graded before,
+        where its judges, references and pages are ready. No task is tied to a worker: if one is
+        gone, the scheduler runs its tasks elsewhere, and a worker that joins is given its share."""
 
         problems = []
         run = f"course-grade-{uuid.uuid4().hex[:12]}"
-        owner = {}
-        for index, job in enumerate(jobs):
-            key = (run, index, f"{job.student}/{job.assignment}/{job.notebook}")
+        dispatch = Dispatch(jobs)
+        number = {id(job): index for index, job in enumerate(jobs)}
+        warm: dict[str, set] = {}  # a worker's name -> the assignments it has graded
+        owner: dict = {}  # a future's key -> its job
+
+        def send(worker: str | None):
+            job = dispatch.next_for(warm.setdefault(worker, set()) if worker else set())
+            if job is None:
+                return None
+            key = (run, number[id(job)], f"{job.student}/{job.assignment}/{job.notebook}")
             future = self.client.submit(grade_task, job, self.digest, self.sandboxed, key=key, retries=1)
             owner[future.key] = job
             self.futures.append(future)
-        for future in as_completed(self.futures, loop=self.client.loop):
-            job = owner[future.key]
+            return future
+
+        finished = as_completed(loop=self.client.loop)
+        for _ in range(max(1, self.threads())):
+            following = send(None)
+            if following is not None:
+                finished.add(following)
+        for future in finished:
+            job = owner.pop(future.key)
             label = f"{job.student}/{job.assignment}/{job.notebook}"
+            worker = None
             try:
                 result = future.result()
             except KilledWorker as error:
@@ -233,12 +256,29 @@ class DaskCluster:
             except Exception as error:
                 problems.append(f"{label}: grading failed ({type(error).__name__}: {error}); not graded")
             else:
+                worker = result.worker.rpartition("/")[0] or None  # its worker's name (``grade_task``)
+                warm.setdefault(worker, set()).add(job.assignment)
                 on_result(result)
             if progress:
                 progress.update(1)
             future.release()
+            # one for the worker it came from, more for threads that joined since, and one at least
+            # while nothing is out (the scheduler holds it until a worker can take it)
+            for _ in range(max(self.threads() - len(owner), 0 if owner else 1)):
+                following = send(worker)
+                worker = None
+                if following is not None:
+                    finished.add(following)
         self.futures = []
         return problems
+
+    def threads(self) -> int:
+        """The cluster's threads, asked of the scheduler at most once a second."""
+        now = time.monotonic()
+        if now - self._threads[0] > 1.0:
+            workers = self.client.scheduler_info(n_workers=-1)["workers"]
+            self._threads = (now, sum(max(1, w.get("nthreads", 1)) for w in workers.values()))
+        return self._threads[1]
 
     def map(self, function, items: list) -> list:
         """Here: a chart is not worth a round trip to the cluster."""
