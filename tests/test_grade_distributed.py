@@ -174,6 +174,13 @@ def test_a_workers_processes_are_forked_from_warm_ones(cluster, template, tmp_pa
             interpreters = [pid for pid, command in processes.items() if "autograder.sandboxing.zygote" in command]
             assert interpreters and all("--host" in processes[pid] for pid in interpreters), processes
             assert not set(interpreters) & set(descendants(worker)), "the worker process started its own sandbox"
+    # and Dask's statistical profiler is off (it sampled the grading thread's stack every 10 ms)
+    from distributed import Client
+
+    with Client(cluster.address, timeout=30) as client:
+        # (a lambda: the workers cannot import this module, and Dask sends a lambda whole)
+        profiling = client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks)
+    assert len(profiling) == 2 and not any(profiling.values()), profiling
 
 
 def test_hostile_integrity_class_on_the_cluster(cluster, local, template, tmp_path):
