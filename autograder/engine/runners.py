@@ -292,16 +292,15 @@ class Dispatch:
     the most work left. The costliest first, so that what is left at the end is short."""
 
     def __init__(self, jobs: list[Job]):
-        sizes: dict[int, int] = {}
+        sizes: dict[int, int] = {}  # per spec (an assignment's notebook)
+        cost: dict[str, int] = {}
         self.left: dict[str, list[Job]] = {}
-        self.cost: dict[str, int] = {}
         for job in jobs:
-            spec = job.spec
-            if id(spec) not in sizes:
-                sizes[id(spec)] = _code_length(spec.released)
+            if id(job.spec) not in sizes:
+                sizes[id(job.spec)] = _code_length(job.spec.released)
             self.left.setdefault(job.assignment, []).append(job)
-            self.cost[job.assignment] = self.cost.get(job.assignment, 0) + sizes[id(spec)]
-        self.per_job = {a: self.cost[a] / len(js) for a, js in self.left.items()}
+            cost[job.assignment] = cost.get(job.assignment, 0) + sizes[id(job.spec)]
+        self.per_job = {a: cost[a] / len(js) for a, js in self.left.items()}
         self.begun: set[str] = set()
 
     def __len__(self) -> int:
@@ -397,8 +396,8 @@ class LocalPool:
         start_fork_server_here()  # here, while this process has one thread
 
         def launch() -> None:
+            lanes: list[Lane] = []
             try:
-                lanes = []
                 for _ in range(count):
                     lanes.append(self._lane())
                 self.lanes = lanes
@@ -436,7 +435,7 @@ class LocalPool:
                 return
             running[lane.executor.submit(self.grade, job)] = (lane, lane.executor, job)
 
-        def finished(job: Job) -> None:
+        def counted() -> None:
             if progress:
                 progress.update(1)
 
@@ -452,7 +451,7 @@ class LocalPool:
                     tries[id(job)] = tries.get(id(job), 0) + 1
                     if tries[id(job)] > 2:
                         problems.append(f"{job.student}/{job.assignment}: its grading worker died twice; not graded")
-                        finished(job)
+                        counted()
                     else:
                         dispatch.again(job)
                     if lane.executor is executor:  # a new process in its place, with nothing warm
@@ -461,10 +460,10 @@ class LocalPool:
                         lane.executor, lane.warm = self._lane().executor, set()
                 except Exception as error:
                     problems.append(f"{job.student}/{job.assignment}: grading failed ({type(error).__name__}: {error})")
-                    finished(job)
+                    counted()
                 else:
                     on_result(result)
-                    finished(job)
+                    counted()
                 feed(lane)
         self._idle, self._when_idle = [], []
         return problems
