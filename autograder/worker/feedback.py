@@ -51,6 +51,7 @@ from traitlets import Bool, Unicode
 
 from .. import compat
 from ..cells import nbgrader_of
+from .read import released_notebook
 
 HIDDEN_NOTICE = "# (hidden checks run here; their messages appear below)"
 
@@ -206,7 +207,7 @@ def inert_notebook(nb, released_json: str) -> None:
     (as released they are the instructor's), and every output."""
     released = {
         (cell.cell_type, cell.source)
-        for cell in nbformat.reads(released_json, as_version=4).cells
+        for cell in released_notebook(released_json).cells
         if cell.cell_type in ("markdown", "raw")
     }
     for cell in nb.cells:

@@ -33,7 +33,7 @@ from . import judge, referee, tamper
 from .execute import ContainedExecute
 from .feedback import FeedbackPages, inert_notebook
 from .phases import add, timed
-from .read import read_submission, rejected_notebook
+from .read import read_submission, rejected_notebook, released_notebook
 from .sanitize import sanitize
 from .verdicts import apply_verdicts, decided_scores, disagreements, grades_of
 
@@ -80,7 +80,7 @@ def restore(g: Grading) -> None:
 
 def inspect(g: Grading) -> None:
     """Flags for what the submission did to the graded cells and the functions the checks use."""
-    released = nbformat.reads(g.job.spec.released, as_version=4)
+    released = released_notebook(g.job.spec.released)
     try:
         found = tamper.inspect(g.nb, released, g.job.spec.view)
     except Exception as error:  # as above

@@ -9,6 +9,7 @@ made where the results arrive: no torch, no kernel needed).
 
 from __future__ import annotations
 
+import functools
 import json
 
 import nbformat
@@ -63,6 +64,14 @@ def read_submission(data: bytes | None, name: str, spec: AssignmentSpec) -> tupl
 def _grade_id_of(cell) -> str | None:
     found = nbgrader_of(cell).get("grade_id")
     return found if isinstance(found, str) else None
+
+
+@functools.lru_cache(maxsize=4)
+def released_notebook(released: str) -> nbformat.NotebookNode:
+    """The released notebook (``AssignmentSpec.released``), parsed once a process for every notebook of
+    its assignment that the tamper inspection and the feedback's allow-list compare with it: shared,
+    so read, never changed (``rejected_notebook`` makes its own)."""
+    return nbformat.reads(released, as_version=4)
 
 
 def rejected_notebook(spec: AssignmentSpec, message: str) -> nbformat.NotebookNode:

@@ -143,23 +143,39 @@ def forges_helpers(finding: str) -> bool:
 def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -> list[str]:
     """What in these (student) cells replaces watched functions, in words."""
     aliases = dict(aliases or {})
-    trees = []
-    for source in sources:
-        try:
-            trees.append(ast.parse(_python(source)))
-        except SyntaxError:
-            continue
-    for tree in trees:  # imports first: a later cell may use an alias made earlier
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    aliases[alias.asname or alias.name.split(".")[0]] = (
-                        alias.name if alias.asname else alias.name.split(".")[0]
-                    )
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                for alias in node.names:
-                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    parsed = [(source, found) for source in sources if (found := _imports_of(source)) is not None]
+    for _, imports in parsed:  # imports first: a later cell may use an alias made earlier
+        for _, name, full in imports:
+            aliases[name] = full
     aliases.setdefault("__builtins__", "builtins")
+    names = tuple(sorted(aliases.items()))
+    return list(dict.fromkeys(finding for source, _ in parsed for finding in _findings_of(source, names)))
+
+
+def _imports(source: str) -> tuple | None:
+    """The names a cell's imports bind, as ``ast.walk`` meets them: ("import" or "from", the name,
+    what it names); None when the cell is not Python."""
+    try:
+        tree = ast.parse(_python(source))
+    except SyntaxError:
+        return None
+    bound = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                bound.append(("import", alias.asname or top, alias.name if alias.asname else top))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                bound.append(("from", alias.asname or alias.name, f"{node.module}.{alias.name}"))
+    return tuple(bound)
+
+
+def _findings(source: str, names: tuple) -> tuple[str, ...]:
+    """What ``suspicious_code`` finds in one cell that parses, the notebook's imports being ``names``
+    ((name, what it names) pairs)."""
+    tree = ast.parse(_python(source))
+    aliases = dict(names)
 
     def resolve(dotted: str | None) -> str | None:
         if not dotted:
@@ -174,65 +190,74 @@ def suspicious_code(sources: list[str], aliases: dict[str, str] | None = None) -
         return bool(full) and full.split(".")[0] in WATCHED_MODULES and not full.startswith(ALLOWED_PREFIXES)
 
     found = []
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                for package in GRADING_PACKAGES:
-                    if package in node.value or package == "autograder" and "AUTOGRADER_" in node.value:
-                        found.append(f"names the grading package {package} in a string (an indirect route to it)")
-                for name in (*_INNARDS_READ, *_FRAME_ATTRIBUTES, "_getframe"):
-                    if name in node.value:
-                        found.append(f"names {name} in a string (an indirect route to what a call holds)")
-            found.extend(_introspection(node, resolve))
-            if (
-                isinstance(node, ast.Attribute)
-                and node.attr in _FUNCTION_INNARDS
-                and isinstance(node.ctx, (ast.Store, ast.Del))
-            ):
-                found.append(f"replaces a function's {node.attr}")
-            if isinstance(node, ast.Attribute) and node.attr == "modules" and resolve(_dotted(node)) == "sys.modules":
-                found.append("reaches into sys.modules")
-            if (
-                isinstance(node, ast.Call)
-                and _dotted(node.func) in ("setattr", "delattr")
-                and node.args
-                and (not isinstance(node.args[0], (ast.Name, ast.Attribute)))
-            ):
-                found.append(f"calls {_dotted(node.func)} on a computed object")
-            targets = []
-            if isinstance(node, ast.Assign):
-                targets = node.targets
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            elif isinstance(node, ast.Delete):
-                targets = node.targets
-            for target in targets:
-                if isinstance(target, ast.Attribute):
-                    full = resolve(_dotted(target))
-                    if watched(full):
-                        found.append(f"replaces {full}")
-                elif isinstance(target, ast.Subscript):
-                    full = resolve(_dotted(target.value))
-                    if (
-                        full in ("sys.modules", "builtins.__dict__")
-                        or (full or "").endswith(".__dict__")
-                        and watched(full)
-                    ):
-                        found.append(f"replaces an entry of {full}")
-            if isinstance(node, ast.Call):
-                name = _dotted(node.func)
-                if name in ("setattr", "delattr") and node.args:
-                    full = resolve(_dotted(node.args[0]))
-                    if watched(full):
-                        found.append(f"calls {name} on {full}")
-                if isinstance(node.func, ast.Attribute) and node.func.attr == "set_custom_exc":
-                    found.append("installs a handler that hides errors (set_custom_exc)")
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                for module in modules:
-                    if module.split(".")[0] in (*GRADING_PACKAGES, "ctypes", "nbgrader", "importlib", "gc"):
-                        found.append(f"imports {module}")
-    return list(dict.fromkeys(found))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for package in GRADING_PACKAGES:
+                if package in node.value or package == "autograder" and "AUTOGRADER_" in node.value:
+                    found.append(f"names the grading package {package} in a string (an indirect route to it)")
+            for name in (*_INNARDS_READ, *_FRAME_ATTRIBUTES, "_getframe"):
+                if name in node.value:
+                    found.append(f"names {name} in a string (an indirect route to what a call holds)")
+        found.extend(_introspection(node, resolve))
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in _FUNCTION_INNARDS
+            and isinstance(node.ctx, (ast.Store, ast.Del))
+        ):
+            found.append(f"replaces a function's {node.attr}")
+        if isinstance(node, ast.Attribute) and node.attr == "modules" and resolve(_dotted(node)) == "sys.modules":
+            found.append("reaches into sys.modules")
+        if (
+            isinstance(node, ast.Call)
+            and _dotted(node.func) in ("setattr", "delattr")
+            and node.args
+            and (not isinstance(node.args[0], (ast.Name, ast.Attribute)))
+        ):
+            found.append(f"calls {_dotted(node.func)} on a computed object")
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        for target in targets:
+            if isinstance(target, ast.Attribute):
+                full = resolve(_dotted(target))
+                if watched(full):
+                    found.append(f"replaces {full}")
+            elif isinstance(target, ast.Subscript):
+                full = resolve(_dotted(target.value))
+                if full in ("sys.modules", "builtins.__dict__") or (full or "").endswith(".__dict__") and watched(full):
+                    found.append(f"replaces an entry of {full}")
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name in ("setattr", "delattr") and node.args:
+                full = resolve(_dotted(node.args[0]))
+                if watched(full):
+                    found.append(f"calls {name} on {full}")
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "set_custom_exc":
+                found.append("installs a handler that hides errors (set_custom_exc)")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                if module.split(".")[0] in (*GRADING_PACKAGES, "ctypes", "nbgrader", "importlib", "gc"):
+                    found.append(f"imports {module}")
+    return tuple(found)
+
+
+# The released cells come again in every notebook of an assignment, and their imports with them: a
+# worker reads each cell's imports once, and its findings once for each set of the notebook's imports.
+_imports_kept = functools.lru_cache(maxsize=1024)(_imports)
+_findings_kept = functools.lru_cache(maxsize=1024)(_findings)
+
+
+def _imports_of(source: str) -> tuple | None:
+    return _imports_kept(source) if len(source) <= KEPT_SOURCE else _imports(source)
+
+
+def _findings_of(source: str, names: tuple) -> tuple[str, ...]:
+    return _findings_kept(source, names) if len(source) <= KEPT_SOURCE else _findings(source, names)
 
 
 def _introspection(node, resolve) -> list[str]:
@@ -328,25 +353,14 @@ def inspect(nb, released, view: GradebookView) -> Inspection:
         student_sources.append(cell.source)
     for cell in released.cells:  # the released setup cells' imports (torch, math, ...)
         if cell.cell_type == "code" and nbgrader_of(cell).get("locked"):
-            for node in ast.walk(ast.parse(_python(cell.source))) if _parses(cell.source) else []:
-                if isinstance(node, ast.Import):
-                    for alias in node.names:
-                        aliases[alias.asname or alias.name.split(".")[0]] = (
-                            alias.name if alias.asname else alias.name.split(".")[0]
-                        )
+            for kind, name, full in _imports_of(cell.source) or ():
+                if kind == "import":
+                    aliases[name] = full
     for finding in suspicious_code(student_sources, aliases):
         result.add(SUSPICIOUS_CODE, f"code that {finding}")
         if forges_helpers(finding):
             result.forged.append(finding)
     return result
-
-
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(_python(source))
-        return True
-    except SyntaxError:
-        return False
 
 
 # ---------------------------------------------------------------- the instructor's version of the rules
