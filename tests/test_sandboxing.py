@@ -3,9 +3,11 @@ not, one host forking workers that share its memory and nothing else, a worker w
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -186,3 +188,35 @@ def test_a_worker_whose_host_is_gone_starts_a_sandbox_of_its_own(tmp_path):
         assert "this worker starts its own" in (base / f"w{worker.slot}.log").read_text()
     finally:
         worker.close()
+
+
+FORKED_KERNEL_START = """
+import json, os, sys
+from autograder.sandboxing.bubblewrap import PRELOAD
+from autograder.sandboxing.zygote import _warm_up
+from jupyter_client.connect import write_connection_file
+
+failed = {name: how for name, how in _warm_up(PRELOAD).items() if isinstance(how, str)}
+connection, _ = write_connection_file(sys.argv[1] + "/kernel.json", ip="127.0.0.1")
+child = os.fork()
+if child == 0:
+    from ipykernel.kernelapp import IPKernelApp
+
+    before = set(sys.modules)
+    IPKernelApp.instance().initialize(["-f", connection])  # as the zygote's forked kernel does
+    with open(sys.argv[1] + "/imported.json", "w") as out:
+        json.dump({"failed": failed, "imported": sorted(set(sys.modules) - before)}, out)
+    os._exit(0)
+os.waitpid(child, 0)
+"""
+
+
+def test_a_kernel_forked_from_the_warm_interpreter_imports_nothing_as_it_starts(tmp_path):
+    """What the kernel app imports on its way up is in the sandbox's preload list: imported once in
+    the warm interpreter, not again in each notebook's kernel (psutil, for the machine's addresses,
+    was 20 ms of every kernel's boot)."""
+    subprocess.run(
+        [sys.executable, "-c", FORKED_KERNEL_START, str(tmp_path)], check=True, capture_output=True, timeout=300
+    )
+    seen = json.loads((tmp_path / "imported.json").read_text())
+    assert seen == {"failed": {}, "imported": []}
