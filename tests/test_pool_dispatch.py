@@ -171,3 +171,37 @@ def test_a_process_that_dies_is_replaced_and_its_notebook_tried_again(tmp_path):
     assert problems == ["s2/a: its grading worker died twice; not graded"]
     assert once.exists()
     assert len({r.pid for r in results}) >= 2  # the dead processes' places were taken
+
+
+def _grade_and_mark(job) -> SimpleNamespace:
+    Path(job.mark).touch()  # begun
+    return SimpleNamespace(name=f"{job.assignment}/{job.student}")
+
+
+class MarkingPool(LocalPool):
+    grade = staticmethod(_grade_and_mark)
+
+
+def test_a_process_grades_its_next_notebook_while_the_last_result_is_written(tmp_path):
+    """The command writes a result (the gradebook, the feedback files) after giving that result's
+    process its next notebook, not before: with one process, each notebook but the last is begun
+    while the one before it is being written (here the writing waits up to 60 s to see it begun)."""
+    spec = SimpleNamespace(released=released(1000))
+    jobs = [job(f"s{n}", "a", spec, mark=str(tmp_path / f"s{n}")) for n in range(4)]
+    begun_while_written = []
+
+    def write(result) -> None:
+        following = jobs.index(next(j for j in jobs if f"a/{j.student}" == result.name)) + 1
+        if following < len(jobs):
+            deadline = time.monotonic() + 60
+            while not Path(jobs[following].mark).exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            begun_while_written.append(Path(jobs[following].mark).exists())
+
+    pool = MarkingPool(REPOSITORY, Limits(), sandboxed=False, workers=1)
+    try:
+        pool.start(len(jobs))
+        assert pool.run(jobs, write) == []
+    finally:
+        pool.join()
+    assert begun_while_written == [True, True, True]

@@ -243,12 +243,12 @@ class DaskCluster:
         for future in finished:
             job = owner.pop(future.key)
             label = f"{job.student}/{job.assignment}/{job.notebook}"
-            worker = None
+            worker = result = None
             try:
                 result = future.result()
             except KilledWorker as error:
                 tries = error.allowed_failures + 1
-                on_result(failed_result(job, WORKERS_DIED.format(tries=tries)))
+                result = failed_result(job, WORKERS_DIED.format(tries=tries))
                 problems.append(
                     f"{label}: {tries} grading workers died while grading it; marked failed "
                     "(no points, flagged), the next run tries it again"
@@ -258,17 +258,19 @@ class DaskCluster:
             else:
                 worker = result.worker.rpartition("/")[0] or None  # its worker's name (``grade_task``)
                 warm.setdefault(worker, set()).add(job.assignment)
-                on_result(result)
-            if progress:
-                progress.update(1)
             future.release()
             # one for the worker it came from, more for threads that joined since, and one at least
-            # while nothing is out (the scheduler holds it until a worker can take it)
+            # while nothing is out (the scheduler holds it until a worker can take it); sent before
+            # this result is written, so that the worker grades while the gradebook is written
             for _ in range(max(self.threads() - len(owner), 0 if owner else 1)):
                 following = send(worker)
                 worker = None
                 if following is not None:
                     finished.add(following)
+            if result is not None:
+                on_result(result)
+            if progress:
+                progress.update(1)
         self.futures = []
         return problems
 

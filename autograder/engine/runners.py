@@ -445,6 +445,7 @@ class LocalPool:
             done, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
             for future in done:
                 lane, executor, job = running.pop(future)  # its result is let go once committed
+                result = None
                 try:
                     result = future.result()
                 except futures.process.BrokenProcessPool:
@@ -461,10 +462,10 @@ class LocalPool:
                 except Exception as error:
                     problems.append(f"{job.student}/{job.assignment}: grading failed ({type(error).__name__}: {error})")
                     counted()
-                else:
+                feed(lane)  # the process grades its next notebook while this one's result is written
+                if result is not None:
                     on_result(result)
                     counted()
-                feed(lane)
         self._idle, self._when_idle = [], []
         return problems
 
