@@ -8,6 +8,7 @@ import ast
 import json
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,26 +36,54 @@ def hidden_check_cells(notebook) -> int:
     return sum("BEGIN HIDDEN TESTS" in cell.source for cell in notebook.cells if cell.cell_type == "code")
 
 
-def runs_of(folder: str):
-    """run(assignment) -> notebook_runner.Run of <folder>/<assignment>, executed once per module."""
-    done = {}
+def runs_of(folder: str, pool: ThreadPoolExecutor, wanted: list[str]):
+    """run(assignment) -> notebook_runner.Run of <folder>/<assignment>, executed once per module: those
+    the session's tests are parametrized over start at once, two at a time (a notebook's kernel keeps
+    about one core busy), the others when a test first asks."""
+    started = {}
 
-    def run(assignment):
-        if assignment not in done:
-            done[assignment] = execute(REPOSITORY / folder / assignment / f"{assignment}.ipynb")
-        return done[assignment]
+    def start(assignment):
+        if assignment not in started:
+            started[assignment] = pool.submit(execute, REPOSITORY / folder / assignment / f"{assignment}.ipynb")
+        return started[assignment]
 
-    return run
+    for assignment in wanted:
+        start(assignment)
+    return lambda assignment: start(assignment).result()
+
+
+def wanted_by(request, fixture: str) -> list[str]:
+    """The assignments of this module's selected tests that read ``fixture``, parametrized by assignment."""
+    return [
+        item.callspec.params["assignment"]
+        for item in request.session.items
+        if item.module is request.module
+        and fixture in item.fixturenames
+        and "assignment" in getattr(getattr(item, "callspec", None), "params", {})
+    ]
 
 
 @pytest.fixture(scope="module")
-def solution_run():
-    return runs_of("solutions")
+def runs(request):
+    """The solution runs and the student runs, begun together as the module's first test needs one."""
+    with ThreadPoolExecutor(2, thread_name_prefix="notebook-run") as pool:
+        try:
+            yield {
+                folder: runs_of(folder, pool, wanted_by(request, fixture))
+                for folder, fixture in (("solutions", "solution_run"), ("notebooks", "student_run"))
+            }
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
-def student_run():
-    return runs_of("notebooks")
+def solution_run(runs):
+    return runs["solutions"]
+
+
+@pytest.fixture(scope="module")
+def student_run(runs):
+    return runs["notebooks"]
 
 
 def printed(cell) -> str:
