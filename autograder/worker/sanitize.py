@@ -80,17 +80,15 @@ class RememberingValidator(MetadataValidator):
             self.passed.add(key)
 
 
-_validator: list[RememberingValidator] = []  # one a process, made when the first notebook needs it
+_VALIDATOR = RememberingValidator()  # one a process (the pool's fork server makes it once for all)
 
 
 class CheckCellMetadataOnce(CheckCellMetadata):
     """nbgrader's ``CheckCellMetadata`` (its message, its log) with the process's ``RememberingValidator``."""
 
     def preprocess(self, nb, resources):
-        if not _validator:
-            _validator.append(RememberingValidator())
         try:
-            _validator[0].validate_nb(nb)
+            _VALIDATOR.validate_nb(nb)
         except ValidationError:
             return super().preprocess(nb, resources)  # nbgrader's own run says why, in its words
         return nb, resources
