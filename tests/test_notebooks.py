@@ -66,14 +66,14 @@ def wanted_by(request, fixture: str) -> list[str]:
 @pytest.fixture(scope="module")
 def runs(request):
     """The solution runs and the student runs, begun together as the module's first test needs one."""
-    with ThreadPoolExecutor(2, thread_name_prefix="notebook-run") as pool:
-        try:
-            yield {
-                folder: runs_of(folder, pool, wanted_by(request, fixture))
-                for folder, fixture in (("solutions", "solution_run"), ("notebooks", "student_run"))
-            }
-        finally:
-            pool.shutdown(cancel_futures=True)
+    pool = ThreadPoolExecutor(2, thread_name_prefix="notebook-run")
+    try:
+        yield {
+            folder: runs_of(folder, pool, wanted_by(request, fixture))
+            for folder, fixture in (("solutions", "solution_run"), ("notebooks", "student_run"))
+        }
+    finally:
+        pool.shutdown(cancel_futures=True)  # a run begun is waited for; those not begun are not
 
 
 @pytest.fixture(scope="module")
