@@ -33,7 +33,9 @@ Class mode and self-study behave the same. A prediction is not graded and is rec
 (no progress file, no gradebook), and its answer is not a solution to any exercise, so there is
 nothing to hold back from a class student: with or without ``solutions/`` the answer shows
 after the commitment. While nbgrader grades or validates (``NBGRADER_EXECUTION`` is set) the
-widget is built all the same: it runs none of the learner's code and costs nothing.
+arguments are checked as always, and the widget is a one-line note instead of its controls, as
+an explorer's is: no one is there to answer, and its seven controls cost about 10 ms a question
+in a graded kernel.
 
 The widget follows the course's explorer conventions (``base.Explorer``): an element with the
 classes ``course-explorer`` and ``course-predict``, its controls in ``.explorer-controls``, so
@@ -48,6 +50,8 @@ import re
 from collections.abc import Sequence
 
 import ipywidgets as widgets
+
+from .base import grading_now
 
 COMMIT = "Commit my prediction"
 TAKE_BACK = "Predict again"
@@ -112,6 +116,12 @@ class Prediction(widgets.VBox):
         self.answer = answer
         self.why = why
         self.tolerance = tolerance
+        self.skipped = grading_now()
+        if self.skipped:  # asked of no one: a note, as an explorer leaves (its controls cost 10 ms a question)
+            super().__init__([widgets.HTML("<i>(a question: asked when you run the notebook yourself)</i>")])
+            self.add_class("course-explorer")
+            self.add_class(self.css_class)
+            return
 
         if choices is not None:
             self.entry = widgets.RadioButtons(options=choices, value=None, layout={"width": "auto"})

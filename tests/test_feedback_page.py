@@ -126,3 +126,46 @@ def test_markdown_seen_on_an_earlier_page_is_rendered_as_nbconvert_renders_it(pa
     stock_changed = FeedbackPages(config).render(notebook(other), "alice", "01_attention", "01_attention")
     assert first == stock and again.replace("bob", "alice") == stock
     assert changed == stock_changed and other in changed and PIXEL not in changed
+
+
+def test_the_notebook_is_validated_once_after_the_preprocessors_and_an_invalid_one_fails(pages, monkeypatch):
+    """nbconvert validates after each preprocessor by default (4 here): the course's exporter once,
+    after the last; a notebook a preprocessor leaves invalid still fails the page."""
+    validated = []
+    real = nbformat.validate
+
+    def counted(nb, *args, **kwargs):
+        validated.append(1)
+        return real(nb, *args, **kwargs)
+
+    node, broken = (nbformat.reads(graded_notebook(), as_version=4) for _ in range(2))
+    monkeypatch.setattr(nbformat, "validate", counted)
+    pages.exporter.from_notebook_node(node, resources=resources_for(pages))
+    assert len(validated) == 1
+
+    def breaks(nb, resources):
+        nb.cells[0]["source"] = 1  # a number: not a string, as the schema says
+        return nb, resources
+
+    pages.exporter.register_preprocessor(breaks, enabled=True)
+    try:
+        with pytest.raises(nbformat.ValidationError):
+            pages.exporter.from_notebook_node(broken, resources=resources_for(pages))
+    finally:
+        pages.exporter._preprocessors.remove(breaks)
+
+
+def resources_for(pages) -> dict:
+    """What ``FeedbackPages.render`` gives the exporter."""
+    return {
+        "unique_key": "01_attention",
+        "output_files_dir": "01_attention_files",
+        "nbgrader": {
+            "student": "alice",
+            "assignment": "01_attention",
+            "notebook": "01_attention",
+            "db_url": None,
+            "grades": {},
+            "comments": {},
+        },
+    }

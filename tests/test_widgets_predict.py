@@ -143,6 +143,22 @@ def test_bad_arguments_say_what_is_wrong(arguments, message):
         predict(**arguments)
 
 
+def test_while_nbgrader_grades_it_checks_its_arguments_and_builds_only_a_note(grading_env):
+    """Graded, a question is asked of no one: the widget is a one-line note (as an explorer's), not
+    its seven controls (about 10 ms a question in a graded kernel, 81 questions in a class of 30),
+    and neither the answer nor the reason is in it; a call with bad arguments fails as it would
+    for the learner."""
+    widget = choice_question()
+    assert isinstance(widget, Prediction) and widget.skipped
+    assert {"course-explorer", "course-predict"} <= set(widget._dom_classes)
+    assert len(widget.children) == 1
+    assert "asked when you run the notebook yourself" in shown(widget)
+    assert "nan everywhere" not in shown(widget) and widget.why not in shown(widget)
+    assert not hasattr(widget, "entry")
+    with pytest.raises(ValueError, match="at least two choices"):
+        predict("q", choices=["a"], answer=0, why="w")
+
+
 def test_it_follows_the_explorer_conventions_the_browser_tests_rely_on():
     widget = choice_question()
     assert {"course-explorer", "course-predict"} <= set(widget._dom_classes)

@@ -281,6 +281,10 @@ class InertFeedbackExporter(HTMLExporter):
     for ``FeedbackPages``, in ``nbgrader_config.py`` for ``nbgrader generate_feedback`` (and the
     formgrader's feedback button); the formgrader's own pages keep their exporter."""
 
+    # nbconvert validates the notebook after each of its preprocessors (4 here, a sixth of the page's
+    # time): once, after the last, is enough; an invalid notebook still fails the page
+    optimistic_validation = Bool(True).tag(config=True)
+
     def __init__(self, config=None, **kwargs):
         nbgrader_templates = Path(nbgrader.__file__).resolve().parent / "server_extensions" / "formgrader" / "templates"
         # Over the configuration, which names nbgrader's template: this one wraps it.
