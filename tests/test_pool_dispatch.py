@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from autograder.engine.runners import Dispatch, LocalPool
 from autograder.sandboxing.bubblewrap import Limits
 
@@ -205,3 +207,46 @@ def test_a_process_grades_its_next_notebook_while_the_last_result_is_written(tmp
     finally:
         pool.join()
     assert begun_while_written == [True, True, True]
+
+
+def _grade_where(job) -> SimpleNamespace:
+    """In a pool process: the processors it may use, and those of a process it forks (as its
+    referees are forked)."""
+    child = os.fork()
+    if child == 0:
+        os._exit(0 if os.sched_getaffinity(0) == os.sched_getaffinity(os.getppid()) else 1)
+    inherited = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+    time.sleep(0.2)  # the other process takes a notebook meanwhile
+    return SimpleNamespace(name=job.student, processors=os.sched_getaffinity(0), inherited=inherited)
+
+
+class WherePool(LocalPool):
+    grade = staticmethod(_grade_where)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one processor: nothing to pin")
+@pytest.mark.parametrize("workers", [2, 1])
+def test_lanes_as_many_as_the_processors_are_each_pinned_to_one(workers):
+    """With as many pool processes as the processors the command may use (two of them here), each
+    process, and what it forks, runs on one of them; with fewer, the scheduler keeps them free."""
+    allowed = os.sched_getaffinity(0)
+    two = set(sorted(allowed)[:2])
+    spec = SimpleNamespace(released=released(1000))
+    jobs = [job(f"s{n}", "a", spec) for n in range(4)]
+    os.sched_setaffinity(0, two)
+    try:
+        pool = WherePool(REPOSITORY, Limits(), sandboxed=False, workers=workers)
+        results: list = []
+        try:
+            pool.start(len(jobs))
+            assert not pool.run(jobs, results.append)
+        finally:
+            pool.join()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert len(results) == 4 and all(r.inherited for r in results)
+    if workers == 2:
+        assert pool.processors == tuple(sorted(two))
+        assert all(len(r.processors) == 1 and r.processors <= two for r in results), results
+    else:
+        assert pool.processors == () and all(len(r.processors) > 1 for r in results), results

@@ -118,15 +118,25 @@ def test_one_host_forks_workers_that_share_its_memory_and_nothing_else(tmp_path)
     base.mkdir()
     host = SandboxHost(course, base, Limits())
     workers = []
+    allowed = sorted(os.sched_getaffinity(0))
     try:
         host.launch()
-        for _ in range(2):
-            worker = WarmSandbox(claim_slot(), course, Limits(), sandboxed=True, base_dir=base, host=host.address)
-            workers.append(worker)
-            worker.launch()
-            worker.wait_ready()
+        for index in range(2):
+            # launched from a thread on one processor, as a pinned lane's pool process is (``pin_lane``)
+            os.sched_setaffinity(0, {allowed[index % len(allowed)]})
+            try:
+                worker = WarmSandbox(claim_slot(), course, Limits(), sandboxed=True, base_dir=base, host=host.address)
+                workers.append(worker)
+                worker.launch()
+                worker.wait_ready()  # where the host is asked for it
+            finally:
+                os.sched_setaffinity(0, allowed)
         a, b = workers
         assert a.info["pid"] == b.info["pid"] == 1 and a.process.pid != b.process.pid
+        # each forked by the host, on its launcher's processor (the kernels it forks inherit it)
+        assert os.sched_getaffinity(a.process.pid) == {allowed[0]}
+        assert os.sched_getaffinity(b.process.pid) == {allowed[1 % len(allowed)]}
+        assert os.sched_getaffinity(host.process.pid) == set(allowed)
 
         def inside(worker, path) -> Path:
             return Path(f"/proc/{worker.process.pid}/root") / str(path).lstrip("/")

@@ -95,8 +95,10 @@ class Station:
         base: Path | None = None,
         host: HostAddress | None = None,
         shared: bool = False,
+        slot: int | None = None,
     ):
         self.course_root, self.sandboxed, self.limits = Path(course_root), sandboxed, limits or Limits()
+        self.slot = slot  # claimed already (``pin_lane``): the first sandbox's
         self.base = base or Path(tempfile.mkdtemp(prefix=f"ag-{os.getpid()}-"))
         self.shared = shared
         self.host = host  # the run's sandbox host, when one forks the interpreters
@@ -105,8 +107,9 @@ class Station:
         self.lock = threading.Lock()
 
     def _new(self) -> Seat:
+        slot, self.slot = (self.slot, None) if self.slot is not None else (claim_slot(), None)
         sandbox = WarmSandbox(
-            claim_slot(), self.course_root, self.limits, sandboxed=self.sandboxed, base_dir=self.base, host=self.host
+            slot, self.course_root, self.limits, sandboxed=self.sandboxed, base_dir=self.base, host=self.host
         )
         sandbox.launch()  # it imports torch while this process does other work
         seat = Seat(sandbox)
@@ -239,12 +242,19 @@ def _become_fork_server(command: str, passfds) -> None:
 
 
 def _pool_process_init(
-    course_root: str, limits: Limits, sandboxed: bool, base_dir: str, host: HostAddress | None
+    course_root: str,
+    limits: Limits,
+    sandboxed: bool,
+    base_dir: str,
+    host: HostAddress | None,
+    processors: tuple[int, ...] = (),
 ) -> None:
-    """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up."""
+    """In each pool process: die with the grader, ignore Ctrl-C (the grader handles it), warm up;
+    with ``processors``, on one of them (``pin_lane``)."""
 
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    slot = pin_lane(processors) if processors else None
     import torch
 
     # the judge's torch on one thread, as in the kernels and referees (a Dask worker's nanny sets
@@ -254,7 +264,7 @@ def _pool_process_init(
     from ..worker import referee
 
     referee.start_factory()  # now, while this process has one thread: its referees are forked from it
-    station = Station(Path(course_root), sandboxed, limits, Path(base_dir), host)
+    station = Station(Path(course_root), sandboxed, limits, Path(base_dir), host, slot=slot)
     station.warm()
     atexit.register(station.close)  # and wait for it: its CPU time is then counted as ours
     from ..worker import pipeline  # noqa: F401  (what grading imports, while the sandbox warms up)
@@ -263,6 +273,33 @@ def _pool_process_init(
     _station.append(station)
     if os.environ.get("AUTOGRADER_TRACE"):
         print(f"[pool process {os.getpid()}] warm", file=sys.stderr, flush=True)
+
+
+def pin_lane(processors: tuple[int, ...]) -> int:
+    """This process's worker slot (claimed now), and the process on one of ``processors`` (the
+    command's), chosen by the slot; the referees it forks and its sandbox's kernels run there too (they
+    inherit it; ``WarmSandbox`` passes it to an interpreter forked by the run's host). Called
+    while the process has one thread: a thread keeps the processors it had.
+
+    A lane's processes take turns (the kernel runs a cell while this process waits for it, the
+    referee answers while the kernel waits): on one processor each hands over to the next on the
+    same core, its memory still in that core's cache. Spread by the scheduler, the class of 30
+    took 15.6 s on this 2-core machine against 14.7 s pinned (medians of 3, alternating, 943d21f).
+    """
+    slot = claim_slot()
+    try:
+        os.sched_setaffinity(0, {processors[slot % len(processors)]})
+    except OSError:  # not one this process may use (its cpuset is not the command's): left to the scheduler
+        pass
+    return slot
+
+
+def processors_to_pin(lanes: int) -> tuple[int, ...]:
+    """The processors this process may use, when the pool's processes (one per lane) are at least as
+    many (each lane is then pinned to one of them); else none: with processors to spare, the
+    scheduler keeps the lanes free to move."""
+    processors = tuple(sorted(os.sched_getaffinity(0)))
+    return processors if 1 < len(processors) <= lanes else ()
 
 
 def _grade_in_pool(job: Job) -> Result:
@@ -365,6 +402,7 @@ class LocalPool:
             self.base = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))  # swept if killed
             self.host = SandboxHost(course_root, self.base, limits) if sandboxed and os.geteuid() == 0 else None
         self.lanes: list[Lane] = []
+        self.processors: tuple[int, ...] = ()  # each lane pinned to one of them (``processors_to_pin``)
         self.retired: list[futures.ProcessPoolExecutor] = []
         self._launching: threading.Thread | None = None
         self._launch_error: BaseException | None = None
@@ -380,7 +418,7 @@ class LocalPool:
             max_workers=1,
             mp_context=self.context,
             initializer=_pool_process_init,
-            initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base), host),
+            initargs=(str(self.course_root), self.limits, self.sandboxed, str(self.base), host, self.processors),
         )
         executor.submit(_pool_process_pid)  # fork it now: it warms up while we prepare the jobs
         return Lane(executor)
@@ -391,6 +429,7 @@ class LocalPool:
         if self.lanes or self._launching is not None:
             return
         count = self.workers if expected_jobs is None else max(1, min(self.workers, expected_jobs))
+        self.processors = processors_to_pin(count)
         if self.host is not None and self.host.process is None:
             self.host.launch()  # here, not in the thread below: it lives with the thread that started it
         start_fork_server_here()  # here, while this process has one thread

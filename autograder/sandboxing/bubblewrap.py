@@ -411,6 +411,9 @@ class WarmSandbox:
                     "inside": f"{HOST_BASE}/{self.run_dir.name}",
                     "host_base": HOST_BASE,
                     "log": f"{HOST_BASE}/w{self.slot}.log",
+                    # where this process may run (one processor, when its lane is pinned): the host
+                    # forks the interpreter, which does not inherit it as a child of this process would
+                    "processors": sorted(os.sched_getaffinity(0)),
                     "notebooks_dir": str(self.notebooks_dir),
                     "rebind": _rebind(read_only_binds(self.course_root)),
                 }

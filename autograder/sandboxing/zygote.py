@@ -741,6 +741,10 @@ def _hatch(channel, host_config: dict) -> None:
     reader = channel.makefile("r", encoding="utf-8")
     writer = channel.makefile("w", encoding="utf-8")
     config = {**host_config, **json.loads(reader.readline())}
+    try:  # where the worker's pool process runs: the kernels forked from here too
+        os.sched_setaffinity(0, [int(cpu) for cpu in config.get("processors") or ()] or os.sched_getaffinity(0))
+    except (OSError, TypeError, ValueError):
+        pass
     log = os.open(config["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 2)
     os.close(log)
