@@ -297,7 +297,9 @@ def pin_lane(processors: tuple[int, ...]) -> int:
 def processors_to_pin(lanes: int) -> tuple[int, ...]:
     """The processors this process may use, when the pool's processes (one per lane) are at least as
     many (each lane is then pinned to one of them); else none: with processors to spare, the
-    scheduler keeps the lanes free to move."""
+    scheduler keeps the lanes free to move. None either where the system does not say (macOS)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return ()
     processors = tuple(sorted(os.sched_getaffinity(0)))
     return processors if 1 < len(processors) <= lanes else ()
 
