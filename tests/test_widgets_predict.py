@@ -145,7 +145,7 @@ def test_bad_arguments_say_what_is_wrong(arguments, message):
 
 def test_while_nbgrader_grades_it_checks_its_arguments_and_builds_only_a_note(grading_env):
     """Graded, a question is asked of no one: the widget is a one-line note (as an explorer's), not
-    its seven controls (about 10 ms a question in a graded kernel, 81 questions in a class of 30),
+    its seven controls (about 7 ms a question in a graded kernel, 81 questions in a class of 30),
     and neither the answer nor the reason is in it; a call with bad arguments fails as it would
     for the learner."""
     widget = choice_question()
