@@ -155,7 +155,9 @@ def _function_state(function) -> tuple:
 
 def _module_state(module) -> dict:
     state = {}
-    for name, value in vars(module).items():
+    # a copy first (made in one step under the GIL): another thread's warning can add
+    # __warningregistry__ to a module while this loop walks it ("dictionary changed size")
+    for name, value in vars(module).copy().items():
         if name in _MODULE_CACHES:
             continue
         state[name] = value
@@ -163,7 +165,7 @@ def _module_state(module) -> dict:
             state[f"{name}()"] = _function_state(value)
         elif isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
             state[f"{name}.*"] = frozenset(vars(value)) - _INTERPRETER_CACHES
-            for attribute, member in vars(value).items():
+            for attribute, member in vars(value).copy().items():
                 if isinstance(member, (staticmethod, classmethod)):
                     member = member.__func__
                 if isinstance(member, types.FunctionType):
