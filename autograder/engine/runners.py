@@ -107,7 +107,8 @@ class Station:
         self.lock = threading.Lock()
 
     def _new(self) -> Seat:
-        slot, self.slot = (self.slot, None) if self.slot is not None else (claim_slot(), None)
+        slot = self.slot if self.slot is not None else claim_slot()
+        self.slot = None  # a later sandbox (one replaced) claims its own
         sandbox = WarmSandbox(
             slot, self.course_root, self.limits, sandboxed=self.sandboxed, base_dir=self.base, host=self.host
         )
