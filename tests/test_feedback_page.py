@@ -140,7 +140,7 @@ def test_the_notebook_is_validated_once_after_the_preprocessors_and_an_invalid_o
 
     node, broken = (nbformat.reads(graded_notebook(), as_version=4) for _ in range(2))
     monkeypatch.setattr(nbformat, "validate", counted)
-    pages.exporter.from_notebook_node(node, resources=resources_for(pages))
+    pages.exporter.from_notebook_node(node, resources=resources_for())
     assert len(validated) == 1
 
     def breaks(nb, resources):
@@ -150,12 +150,12 @@ def test_the_notebook_is_validated_once_after_the_preprocessors_and_an_invalid_o
     pages.exporter.register_preprocessor(breaks, enabled=True)
     try:
         with pytest.raises(nbformat.ValidationError):
-            pages.exporter.from_notebook_node(broken, resources=resources_for(pages))
+            pages.exporter.from_notebook_node(broken, resources=resources_for())
     finally:
         pages.exporter._preprocessors.remove(breaks)
 
 
-def resources_for(pages) -> dict:
+def resources_for() -> dict:
     """What ``FeedbackPages.render`` gives the exporter."""
     return {
         "unique_key": "01_attention",
