@@ -187,9 +187,19 @@ class Course:
 
     def autograde(self, assignment: str) -> None:
         """nbgrader autograde, then generate_feedback, for every submission."""
-        options = self.beside.options if self.beside else ()
+        options = self.beside.options + self.kernel_sockets() if self.beside else ()
         self.last_autograde = nbgrader("autograde", assignment, "--force", *options, cwd=self.root, beside=self.beside)
         nbgrader("generate_feedback", assignment, "--force", cwd=self.root, beside=self.beside)
+
+    def kernel_sockets(self) -> tuple:
+        """Options for nbgrader: its kernels listen on Unix sockets in this course's folder, not on TCP
+        ports. jupyter_client picks a kernel's five ports (each bound and released) before the kernel
+        binds them, and anything of the suite's binding a port meanwhile can take one: a stock class's
+        kernel then fails with "Address already in use" (07's class, in one CI run). A socket's path
+        is absolute, since nbgrader and its kernels run in different folders."""
+        prefix = self.root / "kernel"
+        assert len(str(prefix)) < 90, prefix  # a Unix socket's path holds at most 107 bytes
+        return ("--KernelManager.transport=ipc", f"--KernelManager.ip={prefix}")
 
     def scores(self, student: str, assignment: str) -> dict:
         """{grade cell id: score} from the gradebook."""
