@@ -163,6 +163,13 @@ def live_markup(notebook: dict) -> list[str]:
     return found
 
 
+def near(page: str, text: str) -> list[str]:
+    """The page's lines that begin as ``text`` does (what the cell printed instead), else its last ones."""
+    head = text[:12]
+    lines = [line.strip() for line in page.splitlines() if head in line]
+    return lines or [line.strip() for line in page.splitlines() if line.strip()][-25:]
+
+
 def verify(course: Course, entry: dict, summary: dict) -> None:
     """Assert what ``entry['expect']`` says about its graded submission (``summary``: its ledger row)."""
     from autograder.flags import REVIEW_FLAGS
@@ -189,7 +196,7 @@ def verify(course: Course, entry: dict, summary: dict) -> None:
         assert any(text in message for message in summary["messages"]), (text, summary["messages"])
     page = course.feedback_text(student, assignment)
     for text in expect.get("feedback", []):
-        assert fill(text, course) in page, text
+        assert fill(text, course) in page, (text, near(page, fill(text, course)))
     for text in expect.get("feedback_absent", []):
         assert fill(text, course) not in page, text
     for relative in expect.get("host_untouched", []):
