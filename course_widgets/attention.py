@@ -28,6 +28,8 @@ class AttentionHeatmap(Explorer):
     css_class = "attention-heatmap"
 
     def __init__(self, attention_weights, attention, q, k, v, tokens=None, key_tokens=None):
+        if self.skip_while_graded():
+            return
         self.attention_weights, self.attention = attention_weights, attention
         self.q, self.k, self.v = (torch.as_tensor(x, dtype=torch.float32) for x in (q, k, v))
         T, S = self.q.shape[0], self.k.shape[0]
@@ -38,8 +40,6 @@ class AttentionHeatmap(Explorer):
             "sharpen-slider"
         )
         super().__init__([self.query, self.sharpen], figsize=(8.5, 3.4))
-        if self.skipped:
-            return
         self.output_line = widgets.HTML("").add_class("attention-output")
         self.children = (*self.children[:-1], self.output_line, self.children[-1])
         heat_axes, self.bar_axes = self.figure.subplots(1, 2, width_ratios=[1, 1.2])
@@ -88,12 +88,12 @@ class ScalingExplorer(Explorer):
     DIMENSIONS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
     def __init__(self, softmax, n_keys: int = 8, draws: int = 200, seed: int = 0):
+        if self.skip_while_graded():
+            return
         self.softmax, self.n_keys, self.draws, self.seed = softmax, n_keys, draws, seed
         self.d = widgets.SelectionSlider(options=self.DIMENSIONS, value=128, description="d").add_class("d-slider")
         self.scaled = widgets.Checkbox(True, description="divide by √d").add_class("scale-toggle")
         super().__init__([self.d, self.scaled], figsize=(8.5, 3.2))
-        if self.skipped:
-            return
         self.stats = widgets.HTML("").add_class("scaling-stats")
         self.children = (*self.children[:-1], self.stats, self.children[-1])
         self.bar_axes, self.curve_axes = self.figure.subplots(1, 2)

@@ -65,6 +65,8 @@ class SiluGateExplorer(Explorer):
     Z_RANGE = (-4.0, 4.0)
 
     def __init__(self, SwiGLU, z: float = 2.0, up: float = 0.5, points: int = 161):
+        if self.skip_while_graded():
+            return
         self.SwiGLU = SwiGLU
         self.z = widgets.FloatSlider(
             z, min=-4.0, max=4.0, step=0.1, description="x·W1", readout_format=".1f"
@@ -73,8 +75,6 @@ class SiluGateExplorer(Explorer):
             up, min=-1.5, max=1.5, step=0.05, description="x·W3", readout_format=".2f"
         ).add_class("up-slider")
         super().__init__([self.z, self.up], figsize=(8.5, 3.4))
-        if self.skipped:
-            return
         self.readout = widgets.HTML("").add_class("gate-readout")
         self.children = (*self.children[:-1], self.readout, self.children[-1])
         self.grid = torch.linspace(*self.Z_RANGE, points, dtype=torch.float64)
@@ -176,6 +176,8 @@ class ResidualStreamExplorer(Explorer):
         tokens: int = 16,
         seed: int = 0,
     ):
+        if self.skip_while_graded():
+            return
         self.TransformerBlock = TransformerBlock
         self.max_layers, self.seed = max_layers, seed
         self.shape = dict(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, d_hidden=d_hidden)
@@ -184,8 +186,6 @@ class ResidualStreamExplorer(Explorer):
             1.0, min=0.25, max=2.0, step=0.25, description="sub-layer ×", readout_format=".2f"
         ).add_class("gain-slider")
         super().__init__([self.layers, self.gain], figsize=(9.2, 5.2))
-        if self.skipped:
-            return
         self.stats = widgets.HTML("").add_class("stream-stats")
         self.gradient_stats = widgets.HTML("").add_class("gradient-stats")
         self.children = (*self.children[:-1], self.stats, self.gradient_stats, self.children[-1])

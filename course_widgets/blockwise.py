@@ -132,6 +132,8 @@ class BlockStepper(Explorer):
     css_class = "block-stepper"
 
     def __init__(self, merge_partials, softmax, x, v, query: int = 5, block_size: int = 3, step: int = 1, tokens=None):
+        if self.skip_while_graded():
+            return
         self.merge_partials, self.softmax = merge_partials, softmax
         self.x = torch.as_tensor(x, dtype=torch.float64)
         self.v = torch.as_tensor(v, dtype=torch.float64)
@@ -151,8 +153,6 @@ class BlockStepper(Explorer):
             step, min=0, max=math.ceil(S / block_size), description="blocks merged", style=wide_label
         ).add_class("step-slider")
         super().__init__([self.query, self.block_size, self.step], figsize=(9, 3.4))
-        if self.skipped:
-            return
         self.summary = widgets.HTML("").add_class("stepper-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         self.score_axes, self.weight_axes, self.output_axes = self.figure.subplots(1, 3, width_ratios=[1.1, 1.1, 1])

@@ -80,6 +80,8 @@ class HeadGrouping(Explorer):
     MAX_HEADS = max(HEAD_COUNTS)
 
     def __init__(self, kv_head_index, n_heads: int = 32, n_kv_heads: int = 8, query_head: int = 13):
+        if self.skip_while_graded():
+            return
         self.kv_head_index = kv_head_index
         self.n_heads = widgets.SelectionSlider(
             options=self.HEAD_COUNTS, value=n_heads, description="H (query)"
@@ -92,8 +94,6 @@ class HeadGrouping(Explorer):
         )
         self._syncing = False
         super().__init__([self.n_heads, self.n_kv_heads, self.query_head], figsize=(9, 3.0))
-        if self.skipped:
-            return
         self.summary = widgets.HTML("").add_class("grouping-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         self.axes = self.figure.subplots()
@@ -235,6 +235,8 @@ class KVCacheExplorer(Explorer):
     VARIANT_COLOURS = {"MHA": "tab:red", "GQA": "tab:blue", "MQA": "tab:green"}
 
     def __init__(self, kv_cache_bytes, models: dict | None = None, model: str = "LLaMA-3-8B"):
+        if self.skip_while_graded():
+            return
         self.kv_cache_bytes = kv_cache_bytes
         self.models = dict(models or PUBLISHED_MODELS)
         self.model = widgets.Dropdown(
@@ -262,8 +264,6 @@ class KVCacheExplorer(Explorer):
         ).add_class("precision-toggle")
         self.precision.style.button_width = "60px"
         super().__init__([self.model, self.seq_len, self.batch, self.precision], figsize=(9, 3.6))
-        if self.skipped:
-            return
         self.summary = widgets.HTML("").add_class("cache-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         self.axes = self.figure.subplots()

@@ -77,6 +77,8 @@ class ShapeWalk(Explorer):
     GAP = 3  # blank columns between the four panels
 
     def __init__(self, split_heads, merge_heads, tokens=("the", "cat", "sat"), d_model: int = 8):
+        if self.skip_while_graded():
+            return
         self.split_heads, self.merge_heads = split_heads, merge_heads
         self.tokens, self.D = list(tokens), d_model
         self.T = len(self.tokens)
@@ -90,8 +92,6 @@ class ShapeWalk(Explorer):
             description="follow",
         ).add_class("token-slider")
         super().__init__([self.heads, self.token], figsize=(9.2, 2.8))
-        if self.skipped:
-            return
         self.walk = widgets.HTML("").add_class("shape-walk-text")
         self.children = (*self.children[:-1], self.walk, self.children[-1])
         self.x = torch.arange(self.T * self.D, dtype=torch.float64).view(1, self.T, self.D)
@@ -232,6 +232,8 @@ class HeadPatterns(Explorer):
         sentence: str = "the cat sat on the mat",
         d_model: int = 16,
     ):
+        if self.skip_while_graded():
+            return
         self.MultiHeadAttention = MultiHeadAttention
         self.split_heads, self.merge_heads = split_heads, merge_heads
         self.attention_weights, self.attention = attention_weights, attention
@@ -246,8 +248,6 @@ class HeadPatterns(Explorer):
         self.seed = widgets.IntSlider(0, min=0, max=9, description="seed").add_class("seed-slider")
         self.causal = widgets.Checkbox(False, description="causal mask").add_class("causal-toggle")
         super().__init__([self.heads, self.query, self.seed, self.causal], figsize=(9.2, 4.8))
-        if self.skipped:
-            return
         self.summary = widgets.HTML("").add_class("head-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         generator = torch.Generator().manual_seed(2024)

@@ -93,14 +93,14 @@ class CacheFilling(Explorer):
     MAX_PROMPT, MAX_STEPS = 6, 10
 
     def __init__(self, KVCache, attend_with_cache, GroupedQueryAttention, prompt: int = 4, step: int = 3):
+        if self.skip_while_graded():
+            return
         self.KVCache, self.attend_with_cache = KVCache, attend_with_cache
         self.step = widgets.IntSlider(step, min=0, max=self.MAX_STEPS, description="step").add_class("step-slider")
         self.prompt = widgets.IntSlider(prompt, min=1, max=self.MAX_PROMPT, description="prompt").add_class(
             "prompt-slider"
         )
         super().__init__([self.step, self.prompt], figsize=(9.5, 3.2))
-        if self.skipped:
-            return
         self.layer = _seeded_layer(GroupedQueryAttention, self.D_MODEL, self.N_HEADS, self.N_KV_HEADS, seed=8)
         self.x = torch.randn(
             1, self.MAX_PROMPT + self.MAX_STEPS, self.D_MODEL, generator=torch.Generator().manual_seed(8)
@@ -236,6 +236,8 @@ class CacheMemory(Explorer):
     DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
     def __init__(self, KVCache, attend_with_cache, GroupedQueryAttention, kv_cache_bytes, tokens: int = 128):
+        if self.skip_while_graded():
+            return
         self.KVCache, self.attend_with_cache, self.kv_cache_bytes = KVCache, attend_with_cache, kv_cache_bytes
         self.GroupedQueryAttention = GroupedQueryAttention
         self.tokens = widgets.SelectionSlider(options=self.TOKENS, value=tokens, description="tokens").add_class(
@@ -244,8 +246,6 @@ class CacheMemory(Explorer):
         self.dtype = widgets.ToggleButtons(options=list(self.DTYPES), value="float32").add_class("dtype-toggle")
         self.dtype.style.button_width = "80px"
         super().__init__([self.tokens, self.dtype], figsize=(8, 3.4))
-        if self.skipped:
-            return
         self._layers: dict = {}
         self.summary = widgets.HTML("").add_class("memory-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])

@@ -49,6 +49,8 @@ class MaskExplorer(Explorer):
     css_class = "mask-explorer"
 
     def __init__(self, causal_mask, attention_weights, attention, x, v, tokens=None, token=None):
+        if self.skip_while_graded():
+            return
         self.causal_mask, self.attention_weights, self.attention = causal_mask, attention_weights, attention
         self.x, self.v = (torch.as_tensor(a, dtype=torch.float32) for a in (x, v))
         T = self.x.shape[0]
@@ -63,8 +65,6 @@ class MaskExplorer(Explorer):
         ).add_class("change-slider")
         self.causal = widgets.Checkbox(True, description="causal mask").add_class("causal-toggle")
         super().__init__([self.token, self.change, self.causal], figsize=(9, 3.3))
-        if self.skipped:
-            return
         self.summary = widgets.HTML("").add_class("mask-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         score_axes, weight_axes, self.change_axes = self.figure.subplots(1, 3, width_ratios=[1, 1, 1.1])
@@ -172,14 +172,14 @@ class CacheMaskViewer(Explorer):
     MAX_T, MAX_S = 8, 12
 
     def __init__(self, causal_mask, T: int = 3, S: int = 7):
+        if self.skip_while_graded():
+            return
         self.causal_mask = causal_mask
         self.query_slider = widgets.IntSlider(T, min=1, max=self.MAX_T, description="queries T").add_class(
             "queries-slider"
         )
         self.key_slider = widgets.IntSlider(S, min=1, max=self.MAX_S, description="keys S").add_class("keys-slider")
         super().__init__([self.query_slider, self.key_slider], figsize=(7.5, 3.6))
-        if self.skipped:
-            return
         self.summary = widgets.HTML("").add_class("cache-summary")
         self.children = (*self.children[:-1], self.summary, self.children[-1])
         self.axes = self.figure.subplots()

@@ -183,10 +183,10 @@ class TrainingMonitor(Explorer):
         self.val_steps: list[int] = []
         self.val_losses: list[float] = []
         self._last_draw = 0.0
+        if self.skip_while_graded():
+            return
         self.smooth = widgets.IntSlider(10, min=1, max=50, description="smooth").add_class("smooth-slider")
         super().__init__([self.smooth], figsize=(8, 3.2))
-        if self.skipped:
-            return
         self.stats = widgets.HTML("").add_class("training-stats")
         # Until the browser has set the figure up, frames go to a picture instead (see draw)
         self.picture = widgets.Image(format="png").add_class("training-picture")
@@ -327,6 +327,8 @@ class AttentionMaps(Explorer):
     css_class = "attention-maps"
 
     def __init__(self, model, text: str, encode, decode, apply_rope, attention_weights, causal_mask):
+        if self.skip_while_graded():
+            return
         self.model, self.encode, self.decode = model, encode, decode
         self.apply_rope, self.attention_weights, self.causal_mask = apply_rope, attention_weights, causal_mask
         config = getattr(model, "config", None)
@@ -342,8 +344,6 @@ class AttentionMaps(Explorer):
             text, description="text", continuous_update=False, layout=widgets.Layout(width="420px")
         ).add_class("text-box")
         super().__init__([self.text, self.layer, self.head, self.query], figsize=(9, 4.2))
-        if self.skipped:
-            return
         self.shaded = widgets.HTML("").add_class("attention-text")
         self.children = (
             widgets.HBox([self.text]).add_class("explorer-controls"),
@@ -448,6 +448,8 @@ class GenerationExplorer(Explorer):
     SHOWN = 16  # bars: the most likely characters
 
     def __init__(self, generate, model, encode, decode, prompt: str = "The ", samples: int = 400, length: int = 200):
+        if self.skip_while_graded():
+            return
         self.generate, self.model, self.encode, self.decode = generate, model, encode, decode
         self.samples = samples
         vocab = getattr(getattr(model, "config", None), "vocab_size", 64)
@@ -464,8 +466,6 @@ class GenerationExplorer(Explorer):
         self.seed = widgets.IntText(0, description="seed", layout=widgets.Layout(width="140px")).add_class("seed-box")
         self.button = widgets.Button(description="Generate", button_style="primary").add_class("generate-button")
         super().__init__([self.prompt, self.temperature, self.top_k], figsize=(8.5, 2.8))
-        if self.skipped:
-            return
         self.output = widgets.HTML("").add_class("generated-text")
         self.children = (
             self.children[0],

@@ -52,6 +52,8 @@ class PairRotation(Explorer):
     def __init__(
         self, apply_rope, rope_frequencies, head_dim: int = 16, base: float = 10000.0, max_position: int = 100
     ):
+        if self.skip_while_graded():
+            return
         self.apply_rope, self.rope_frequencies = apply_rope, rope_frequencies
         self.head_dim, self.base = head_dim, base
         self.position = widgets.IntSlider(3, min=0, max=max_position, description="position m").add_class(
@@ -59,8 +61,6 @@ class PairRotation(Explorer):
         )
         self.pair = widgets.IntSlider(0, min=0, max=head_dim // 2 - 1, description="pair i").add_class("pair-slider")
         super().__init__([self.position, self.pair], figsize=(9, 3.4))
-        if self.skipped:
-            return
         self.readout = widgets.HTML("").add_class("rope-rotation-readout")
         self.children = (*self.children[:-1], self.readout, self.children[-1])
         self.circle_axes, self.dial_axes = self.figure.subplots(1, 2, width_ratios=[1, 2.4])
@@ -162,6 +162,8 @@ class RelativeScores(Explorer):
     }
 
     def __init__(self, apply_rope, n_positions: int = 16):
+        if self.skip_while_graded():
+            return
         self.apply_rope, self.n_positions = apply_rope, n_positions
         N = n_positions
         compact = dict(style={"description_width": "initial"}, layout=widgets.Layout(width="210px"))
@@ -177,8 +179,6 @@ class RelativeScores(Explorer):
             "offset-slider"
         )
         super().__init__([self.example, self.query_position, self.key_position, self.offset], figsize=(9, 3.8))
-        if self.skipped:
-            return
         self.readout = widgets.HTML("").add_class("rope-scores-readout")
         self.children = (*self.children[:-1], self.readout, self.children[-1])
         self.heat_axes, self.curve_axes = self.figure.subplots(1, 2, width_ratios=[1, 1.25])
@@ -254,6 +254,8 @@ class PairingExplorer(Explorer):
     HEAD_DIMS = (4, 8, 16)
 
     def __init__(self, neighbour_to_half_split, head_dim: int = 8):
+        if self.skip_while_graded():
+            return
         self.neighbour_to_half_split = neighbour_to_half_split
         self.head_dim = widgets.ToggleButtons(options=self.HEAD_DIMS, value=head_dim, description="head_dim").add_class(
             "head-dim-choice"
@@ -262,8 +264,6 @@ class PairingExplorer(Explorer):
         self.pair = widgets.IntSlider(1, min=0, max=head_dim // 2 - 1, description="pair i").add_class("pair-slider")
         self._adjusting = False
         super().__init__([self.head_dim, self.pair], figsize=(9, 2.9))
-        if self.skipped:
-            return
         self.readout = widgets.HTML("").add_class("rope-pairing-readout")
         self.children = (*self.children[:-1], self.readout, self.children[-1])
         axes = self.axes = self.figure.subplots()

@@ -93,6 +93,35 @@ def grading_env(monkeypatch):
     monkeypatch.setenv("NBGRADER_EXECUTION", "autograde")
 
 
+@pytest.fixture
+def only_notes(grading_env):
+    """While nbgrader grades: ``only_notes()`` checks that the widgets made since the test began are
+    explorers, each holding its one-line note and nothing else: no control, no figure (each control
+    would be a message to the grader, and state in the graded notebook)."""
+    from ipywidgets import widgets
+    from ipywidgets.widgets.widget import _instances
+
+    from course_widgets import Explorer
+
+    before = set(_instances)
+
+    def check() -> list:
+        # what shows on the page (a layout or a style goes with each of them)
+        made = [
+            widget for key, widget in _instances.items() if key not in before and isinstance(widget, widgets.DOMWidget)
+        ]
+        explorers = [widget for widget in made if isinstance(widget, Explorer)]
+        assert explorers, made
+        for explorer in explorers:
+            assert explorer.skipped and not hasattr(explorer, "figure")
+            (note,) = explorer.children
+            assert isinstance(note, widgets.HTML) and "graded" in note.value
+        assert len(made) == 2 * len(explorers), [type(widget).__name__ for widget in made]
+        return explorers
+
+    return check
+
+
 # ---------------------------------------------------------------- browser tests
 
 REPOSITORY = Path(__file__).resolve().parent.parent

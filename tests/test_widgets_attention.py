@@ -99,6 +99,7 @@ def test_scaling_explorer_waits_for_softmax():
     assert all(not axes.get_visible() for axes in widget.figure.axes)
 
 
-def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved):
-    widget = ScalingExplorer(solved.softmax)
-    assert widget.skipped and not hasattr(widget, "figure")
+def test_widgets_build_nothing_while_nbgrader_grades(only_notes, solved):
+    ScalingExplorer(solved.softmax)
+    AttentionHeatmap(solved.attention_weights, solved.attention, torch.eye(3), torch.eye(3), torch.eye(3))
+    assert len(only_notes()) == 2

@@ -122,9 +122,9 @@ def test_the_widget_explains_a_merge_that_returns_the_wrong_thing(solved):
     assert "returned shape (2,)" in widget.problem
 
 
-def test_the_widget_builds_nothing_while_nbgrader_grades(grading_env, solved):
-    widget = stepper(solved)
-    assert widget.skipped and not hasattr(widget, "figure")
+def test_the_widget_builds_nothing_while_nbgrader_grades(only_notes, solved):
+    stepper(solved)
+    assert len(only_notes()) == 1
 
 
 # ---------------------------------------------------------------- the measurements

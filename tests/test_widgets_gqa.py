@@ -204,6 +204,7 @@ def test_cache_explorer_names_a_wrong_return_value():
     assert "a cache size is a positive number of bytes" in widget.problem
 
 
-def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved):
-    for widget in (HeadGrouping(solved.kv_head_index), KVCacheExplorer(solved.kv_cache_bytes)):
-        assert widget.skipped and not hasattr(widget, "figure")
+def test_widgets_build_nothing_while_nbgrader_grades(only_notes, solved):
+    HeadGrouping(solved.kv_head_index)
+    KVCacheExplorer(solved.kv_cache_bytes)
+    assert len(only_notes()) == 2

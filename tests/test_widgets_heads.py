@@ -204,7 +204,7 @@ def test_head_patterns_names_a_failing_merge(solved):
     assert "`merge_heads` raised RuntimeError" in widget.problem
 
 
-def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved):
-    assert ShapeWalk(solved.split_heads, solved.merge_heads).skipped
-    widget = patterns(solved)
-    assert widget.skipped and not hasattr(widget, "figure")
+def test_widgets_build_nothing_while_nbgrader_grades(only_notes, solved):
+    ShapeWalk(solved.split_heads, solved.merge_heads)
+    patterns(solved)
+    assert len(only_notes()) == 2

@@ -156,3 +156,9 @@ def test_cache_tensor_bytes_counts_every_storage_once():
 
     assert cache_tensor_bytes(Holder()) == 160 + 24 + 4
     assert cache_tensor_bytes(object()) == 0
+
+
+def test_widgets_build_nothing_while_nbgrader_grades(only_notes, solved):
+    filling(solved)
+    memory(solved)
+    assert len(only_notes()) == 2

@@ -188,10 +188,8 @@ def test_pairing_waits_for_a_reordering(solved):
     assert widget.problem == ""
 
 
-def test_widgets_build_nothing_while_nbgrader_grades(grading_env, solved):
-    for widget in (
-        PairRotation(solved.apply_rope, solved.rope_frequencies),
-        RelativeScores(solved.apply_rope),
-        PairingExplorer(solved.neighbour_to_half_split),
-    ):
-        assert widget.skipped and not hasattr(widget, "figure")
+def test_widgets_build_nothing_while_nbgrader_grades(only_notes, solved):
+    PairRotation(solved.apply_rope, solved.rope_frequencies)
+    RelativeScores(solved.apply_rope)
+    PairingExplorer(solved.neighbour_to_half_split)
+    assert len(only_notes()) == 3
