@@ -212,8 +212,10 @@ child = os.fork()
 if child == 0:
     from ipykernel.kernelapp import IPKernelApp
 
+    from autograder.sandboxing.zygote import KERNEL_OPTIONS
+
     before = set(sys.modules)
-    IPKernelApp.instance().initialize(["-f", connection])  # as the zygote's forked kernel does
+    IPKernelApp.instance().initialize(["-f", connection, *KERNEL_OPTIONS])  # as the zygote's forked kernel does
     with open(sys.argv[1] + "/imported.json", "w") as out:
         json.dump({"failed": failed, "imported": sorted(set(sys.modules) - before)}, out)
     os._exit(0)
@@ -230,3 +232,72 @@ def test_a_kernel_forked_from_the_warm_interpreter_imports_nothing_as_it_starts(
     )
     seen = json.loads((tmp_path / "imported.json").read_text())
     assert seen == {"failed": {}, "imported": []}
+
+
+CELL_OUTPUTS = """
+import sys
+print("out", {n})
+sys.stderr.write("err {n}\\n")
+display({n})
+print("after", {n})
+"""
+
+
+def test_a_graded_kernel_sends_every_output_of_a_cell_before_it_says_idle(tmp_path):
+    """The kernel the warm interpreter becomes (``Zygote._become_kernel``), with the grader's options
+    (``zygote.KERNEL_OPTIONS``: no sleep before a reply): each cell's prints, stderr and displays all
+    arrive before its idle status, which is where the grader takes a cell as done, each stream in
+    order and the display after what was written before it; a cell with no output sends none."""
+    from jupyter_client import BlockingKernelClient
+    from jupyter_client.connect import write_connection_file
+
+    connection, _ = write_connection_file(str(tmp_path / "kernel.json"), transport="ipc", ip=str(tmp_path / "k"))
+    request = {
+        "cwd": str(tmp_path),
+        "env": dict(os.environ),
+        "connection_file": connection,
+        "limits": {"memory_mb": 2048, "cpu_seconds": 600, "file_mb": 64},
+        "log": str(tmp_path / "kernel.log"),
+    }
+    become = "import json, sys\nfrom autograder.sandboxing.zygote import Zygote\n"
+    become += "Zygote({})._become_kernel(json.loads(sys.argv[1]), contained=False)"
+    kernel = subprocess.Popen([sys.executable, "-c", become, json.dumps(request)])
+    client = BlockingKernelClient(connection_file=connection)
+    client.load_connection_file()
+    client.start_channels()
+
+    def run(code: str) -> list:
+        sent = client.execute(code)
+        outputs = []
+        while True:
+            message = client.get_iopub_msg(timeout=30)
+            if message["parent_header"].get("msg_id") != sent:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                break
+            if kind == "stream":
+                outputs.append((content["name"], content["text"]))
+            elif kind in ("display_data", "execute_result", "error"):
+                outputs.append((kind, content.get("data", {}).get("text/plain", content.get("ename"))))
+        assert client.get_shell_msg(timeout=30)["parent_header"]["msg_id"] == sent
+        return outputs
+
+    def text(outputs: list, name: str) -> str:
+        return "".join(text for kind, text in outputs if kind == name)
+
+    try:
+        client.wait_for_ready(timeout=120)
+        assert run("print(get_ipython().kernel._execute_sleep)") == [("stdout", "0.0\n")]
+        for n in range(200):
+            outputs = run(CELL_OUTPUTS.format(n=n))
+            shown = outputs.index(("display_data", str(n)))
+            before, after = outputs[:shown], outputs[shown + 1 :]
+            assert (text(before, "stdout"), text(before, "stderr")) == (f"out {n}\n", f"err {n}\n"), outputs
+            assert after == [("stdout", f"after {n}\n")] or text(after, "stdout") == f"after {n}\n", outputs
+            assert {kind for kind, _ in after} == {"stdout"}, outputs
+            assert run("x = 1") == []
+    finally:
+        client.stop_channels()
+        kernel.kill()
+        kernel.wait()
