@@ -250,6 +250,32 @@ def test_timing_cell_times_each_generation_briefly_while_graded(ref, graded, cal
     assert "speed-up" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("graded", [False, True])
+def test_chart_cell_draws_nothing_while_graded(ref, graded, capsys):
+    """While graded (a chart nobody reads then, half a second of each graded 08), the cell says it
+    skipped and makes no figure; otherwise it draws the measured times and the FLOP counts."""
+    import matplotlib
+
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    torch.manual_seed(0)
+    bench = ref.Llama(ref.ModelConfig(256, 128, 2, 8, 2, 344, max_seq_len=1024)).eval()
+    namespace = answers(ref, np=np, plt=plt, bench=bench, bench_prompt=torch.zeros(1, 8, dtype=torch.long))
+    namespace["grading_now"] = lambda: graded
+    namespace["timings"] = [(16, 0.004, 0.002), (24, 0.007, 0.003)]
+    before = plt.get_fignums()
+    run_cell("axes.loglog(length_array", namespace)
+    made = [n for n in plt.get_fignums() if n not in before]
+    plt.close("all")
+    printed = capsys.readouterr().out
+    if graded:
+        assert printed == "(skipped while the notebook is graded)\n" and made == []
+    else:
+        assert printed.startswith("fitted slopes of log time against log length, 16 to 24 tokens") and len(made) == 1
+
+
 # ---------------------------------------------------------------- 07's trained model
 
 LOAD_CELL = "story_model = None"
